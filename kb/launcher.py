@@ -1,0 +1,127 @@
+"""What `make run` starts: the database, migrations, a Celery worker and the web server.
+
+The launcher owns every process it starts. Children run in their own sessions so that a
+Ctrl-C reaches only the launcher, which then stops them in order (web, worker, database)
+and waits for each; a child that dies on its own brings the rest down with it.
+"""
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from config import embedded_postgres
+
+STOP_TIMEOUT_SECONDS = 15
+
+
+@dataclass
+class Launcher:
+    host: str
+    port: int
+    worker_concurrency: int = 1
+    say: Callable[[str], None] = print
+    children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    owns_database: bool = False
+    stopping: bool = False
+
+    def run(self) -> int:
+        signal.signal(signal.SIGINT, self._request_stop)
+        signal.signal(signal.SIGTERM, self._request_stop)
+        try:
+            self._prepare()
+            self._start_children()
+            self._announce()
+            return self._supervise()
+        finally:
+            self._stop_children()
+            if self.owns_database:
+                embedded_postgres.stop(settings.KB_PGDATA)
+                self.say("Embedded Postgres stopped.")
+
+    def _request_stop(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def _prepare(self) -> None:
+        if not settings.DATABASE_URL:
+            server = embedded_postgres.ensure_running(settings.KB_PGDATA, stop_at_exit=False)
+            self.owns_database = server.started_here
+            self.say(f"Embedded Postgres + pgvector: {server.data_dir}")
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("collectstatic", interactive=False, verbosity=0)
+        self._ensure_superuser()
+
+    def _ensure_superuser(self) -> None:
+        users = get_user_model()
+        if users.objects.filter(is_superuser=True).exists():
+            return
+        username = os.environ.get("DJANGO_SUPERUSER_USERNAME")
+        password = os.environ.get("DJANGO_SUPERUSER_PASSWORD")
+        if username and password:
+            users.objects.create_superuser(username, os.environ.get("DJANGO_SUPERUSER_EMAIL", ""), password)
+            self.say(f"Created superuser {username!r} from DJANGO_SUPERUSER_USERNAME/PASSWORD.")
+            return
+        password = secrets.token_urlsafe(12)
+        users.objects.create_superuser("admin", os.environ.get("DJANGO_SUPERUSER_EMAIL", ""), password)
+        self.say("Created the first superuser. It is shown only this once; change it in the admin:")
+        self.say(f"    username: admin\n    password: {password}")
+
+    def _start_children(self) -> None:
+        python = sys.executable
+        worker = [
+            python, "-m", "celery", "-A", "config", "worker", "--loglevel=INFO",
+            f"--concurrency={self.worker_concurrency}", "--without-gossip", "--without-mingle",
+        ]  # fmt: skip
+        web = [
+            python, "-m", "uvicorn", "config.asgi:application", "--host", self.host, "--port", str(self.port),
+            "--lifespan", "on", "--no-access-log",
+        ]  # fmt: skip
+        for name, command in (("worker", worker), ("web", web)):
+            self.children.append((name, subprocess.Popen(command, cwd=settings.BASE_DIR, start_new_session=True)))
+
+    def _announce(self) -> None:
+        base = f"http://{self.host}:{self.port}"
+        self.say(
+            f"\nKnowledge base running on {base}\n"
+            f"  admin:  {base}/admin/\n  API:    {base}/api/docs\n  MCP:    {base}/sse  and  {base}/mcp\n"
+            f"  health: {base}/health\nPress Ctrl-C to stop everything.\n"
+        )
+
+    def _supervise(self) -> int:
+        while not self.stopping:
+            for name, process in self.children:
+                if process.poll() is not None:
+                    self.say(f"The {name} process exited with status {process.returncode}; stopping.")
+                    return process.returncode or 1
+            time.sleep(0.2)
+        return 0
+
+    def _stop_children(self) -> None:
+        for name, process in reversed(self.children):
+            if process.poll() is None:
+                self._signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        for name, process in reversed(self.children):
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say(f"The {name} process did not stop in time; killing it.")
+            # Whatever the leader did, nothing of its group may outlive the launcher.
+            self._signal_group(process, signal.SIGKILL)
+            process.wait()
+        self.children.clear()
+
+    @staticmethod
+    def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            pass

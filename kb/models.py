@@ -1,0 +1,177 @@
+"""The knowledge base's data: collections of documents, split into chunks, embedded per model.
+
+Child rows are removed by the database (``ON DELETE CASCADE`` constraints added in the
+migrations), not by Django's collector: deleting a collection of 100,000 chunks is one
+statement, and the BM25 postings, which Django does not model, go with their chunks.
+"""
+
+import uuid
+
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector, SearchVectorField
+from django.core.validators import RegexValidator
+from django.db import models
+from pgvector.django import VectorField
+from ulid import ULID
+
+COLLECTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]+$"
+COLLECTION_NAME_MAX_LENGTH = 100
+
+
+def new_ulid() -> str:
+    return str(ULID())
+
+
+class EmbeddingProvider(models.TextChoices):
+    LOCAL = "local", "Local (sentence-transformers)"
+    OLLAMA = "ollama", "Ollama"
+    OPENAI = "openai", "OpenAI-compatible"
+
+
+class EmbeddingModel(models.Model):
+    """One embedding space: vectors of different models are never compared."""
+
+    provider = models.CharField(max_length=20, choices=EmbeddingProvider.choices)
+    name = models.CharField(max_length=200)
+    # Known once the first vector comes back; the HNSW index of the model is created then.
+    dimensions = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["provider", "name"], name="kb_embedding_model_unique")]
+
+    def __str__(self) -> str:
+        dims = f", {self.dimensions}d" if self.dimensions else ""
+        return f"{self.provider}:{self.name}{dims}"
+
+
+class Collection(models.Model):
+    name = models.CharField(
+        max_length=COLLECTION_NAME_MAX_LENGTH,
+        unique=True,
+        validators=[RegexValidator(COLLECTION_NAME_PATTERN, "Use letters, digits, '-' and '_' only.")],
+    )
+    description = models.TextField(blank=True, default="")
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    embedding_model = models.ForeignKey(EmbeddingModel, on_delete=models.PROTECT, related_name="collections")
+    # Set while the collection is being re-embedded with another model; search keeps using
+    # `embedding_model` until every chunk has a vector of this one, then they are switched.
+    next_embedding_model = models.ForeignKey(
+        EmbeddingModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    chunk_max_tokens = models.PositiveIntegerField(default=512)
+    chunk_min_tokens = models.PositiveIntegerField(default=50)
+    chunk_overlap_tokens = models.PositiveIntegerField(default=0)
+    search_top_k = models.PositiveIntegerField(default=10)
+    search_hybrid = models.BooleanField(default=True)
+    # None: the server-wide KB_SEMANTIC_WEIGHT.
+    semantic_weight = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DocumentStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    PROCESSING = "processing", "Processing"
+    READY = "ready", "Ready"
+    FAILED = "failed", "Failed"
+
+
+class Document(models.Model):
+    id = models.CharField(primary_key=True, max_length=26, default=new_ulid, editable=False)
+    collection = models.ForeignKey(
+        Collection, on_delete=models.DO_NOTHING, db_constraint=False, related_name="documents"
+    )
+    source_uri = models.TextField()
+    content_type = models.CharField(max_length=40)
+    title = models.CharField(max_length=500, blank=True, default="")
+    raw_content = models.TextField(blank=True, default="")
+    # sha256 of the bytes (or text) the document was made from: identical re-ingests are no-ops.
+    content_hash = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField(default=0)
+    metadata = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=20, choices=DocumentStatus.choices, default=DocumentStatus.PENDING)
+    error_code = models.CharField(max_length=40, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    chunk_count = models.PositiveIntegerField(default=0)
+    embedded_count = models.PositiveIntegerField(default=0)
+    # The worker embedding this document renews the lease; an expired lease is taken over.
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    embed_attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["collection", "source_uri"], name="kb_document_source_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"], name="kb_document_status_idx"),
+            models.Index(fields=["collection", "-created_at"], name="kb_document_recent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or self.source_uri[:100]
+
+
+class Chunk(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    document = models.ForeignKey(Document, on_delete=models.DO_NOTHING, db_constraint=False, related_name="chunks")
+    # Denormalised from the document so that search filters by collection without a join.
+    collection = models.ForeignKey(Collection, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
+    index = models.PositiveIntegerField()
+    content = models.TextField()
+    token_count = models.PositiveIntegerField()
+    line_start = models.PositiveIntegerField()
+    line_end = models.PositiveIntegerField()
+    page = models.PositiveIntegerField(null=True, blank=True)
+    content_hash = models.CharField(max_length=64)
+    metadata = models.JSONField(default=dict, blank=True)
+    search_vector = models.GeneratedField(
+        expression=SearchVector("content", config="english"),
+        output_field=SearchVectorField(),
+        db_persist=True,
+    )
+
+    class Meta:
+        ordering = ["document", "index"]
+        constraints = [
+            # Deferred: an update inserts the new chunks before deleting the old ones, whose
+            # vectors it copies first (see kb.services.documents).
+            models.UniqueConstraint(
+                fields=["document", "index"], name="kb_chunk_position_unique", deferrable=models.Deferrable.DEFERRED
+            )
+        ]
+        indexes = [
+            GinIndex(fields=["search_vector"], name="kb_chunk_search_vector_gin"),
+            models.Index(fields=["content_hash"], name="kb_chunk_content_hash_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.document_id}#{self.index}"
+
+    @property
+    def lines(self) -> str:
+        return f"{self.line_start}-{self.line_end}"
+
+
+class Embedding(models.Model):
+    """A chunk's vector in one model's space. HNSW indexes are per model (see kb.vector_index)."""
+
+    id = models.BigAutoField(primary_key=True)
+    chunk = models.ForeignKey(Chunk, on_delete=models.DO_NOTHING, db_constraint=False, related_name="embeddings")
+    model = models.ForeignKey(EmbeddingModel, on_delete=models.PROTECT, related_name="embeddings")
+    collection = models.ForeignKey(Collection, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
+    vector = VectorField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["chunk", "model"], name="kb_embedding_chunk_model_unique")]
+        indexes = [models.Index(fields=["model", "collection"], name="kb_embedding_model_coll_idx")]

@@ -1,0 +1,143 @@
+"""Reads of the knowledge base, shared by every front door."""
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError, connection
+from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
+
+from kb.errors import ErrorCode, KBError
+from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding
+
+KB_TABLES = ("kb_collection", "kb_document", "kb_chunk", "kb_embedding", "kb_embeddingmodel", "kb_posting", "kb_term_stats")
+
+
+def collection_get(*, name: str) -> Collection:
+    try:
+        return Collection.objects.select_related("embedding_model", "next_embedding_model").get(name=name)
+    except Collection.DoesNotExist:
+        raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {name}") from None
+
+
+def collection_get_by_uuid(*, collection_uuid: str) -> Collection:
+    try:
+        parsed = uuid.UUID(str(collection_uuid))
+    except ValueError:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"Not a collection UUID: {collection_uuid}") from None
+    try:
+        return Collection.objects.select_related("embedding_model").get(uuid=parsed)
+    except Collection.DoesNotExist:
+        raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection_uuid}") from None
+
+
+def collection_list() -> QuerySet[Collection]:
+    """Collections with their document counts per status and chunk totals (one query)."""
+    return (
+        Collection.objects.select_related("embedding_model", "next_embedding_model")
+        .annotate(
+            document_total=Count("documents"),
+            chunk_total=Coalesce(Sum("documents__chunk_count"), 0),
+            pending_total=Count("documents", filter=Q(documents__status=DocumentStatus.PENDING)),
+            processing_total=Count("documents", filter=Q(documents__status=DocumentStatus.PROCESSING)),
+            ready_total=Count("documents", filter=Q(documents__status=DocumentStatus.READY)),
+            failed_total=Count("documents", filter=Q(documents__status=DocumentStatus.FAILED)),
+        )
+        .order_by("name")
+    )
+
+
+def document_get(*, doc_id: str) -> Document:
+    try:
+        return Document.objects.select_related("collection").get(pk=doc_id)
+    except Document.DoesNotExist:
+        raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}") from None
+
+
+def document_list(
+    *, collection: Collection, limit: int = 100, offset: int = 0, status: str | None = None
+) -> list[Document]:
+    if not 1 <= limit <= 1000:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "limit must be between 1 and 1000")
+    if offset < 0:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "offset must not be negative")
+    documents = Document.objects.filter(collection=collection).defer("raw_content").order_by("created_at", "id")
+    if status:
+        if status not in DocumentStatus.values:
+            raise KBError(ErrorCode.INVALID_ARGUMENT, f"status must be one of {', '.join(DocumentStatus.values)}")
+        documents = documents.filter(status=status)
+    return list(documents[offset : offset + limit])
+
+
+def document_chunks(*, document: Document) -> QuerySet[Chunk]:
+    return Chunk.objects.filter(document=document).defer("search_vector").order_by("index")
+
+
+@dataclass(frozen=True)
+class Stats:
+    collections: int
+    documents: int
+    chunks: int
+    embeddings: int
+    storage_bytes: int
+    filter: str | None
+    pending: int
+    processing: int
+    failed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def kb_stats(*, collection: str | None = None) -> Stats:
+    documents = Document.objects.all()
+    embeddings = Embedding.objects.all()
+    collections = Collection.objects.all()
+    if collection is not None:
+        target = collection_get(name=collection)
+        documents = documents.filter(collection=target)
+        embeddings = embeddings.filter(collection=target, model_id=target.embedding_model_id)
+        collections = collections.filter(pk=target.pk)
+    totals = documents.aggregate(
+        documents=Count("pk"),
+        chunks=Coalesce(Sum("chunk_count"), 0),
+        pending=Count("pk", filter=Q(status=DocumentStatus.PENDING)),
+        processing=Count("pk", filter=Q(status=DocumentStatus.PROCESSING)),
+        failed=Count("pk", filter=Q(status=DocumentStatus.FAILED)),
+    )
+    return Stats(
+        collections=collections.count(),
+        documents=totals["documents"],
+        chunks=totals["chunks"],
+        embeddings=embeddings.count(),
+        storage_bytes=storage_bytes(),
+        filter=collection,
+        pending=totals["pending"],
+        processing=totals["processing"],
+        failed=totals["failed"],
+    )
+
+
+def storage_bytes() -> int:
+    """Bytes on disk of the knowledge base's tables with their indexes and TOAST data."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "WHERE c.relname = ANY(%s) AND c.relkind = 'r'",
+            [list(KB_TABLES)],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def health_report() -> dict[str, Any]:
+    checks: dict[str, Any] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+            row = cursor.fetchone()
+        checks["database"] = {"ok": True, "pgvector": row[0] if row else None}
+    except DatabaseError as exc:
+        checks["database"] = {"ok": False, "error": str(exc).strip()}
+    ok = all(check["ok"] for check in checks.values())
+    return {"status": "ok" if ok else "error", "checks": checks}

@@ -1,0 +1,269 @@
+"""Storing documents and their chunks: the single place where chunks are written.
+
+A document is unique per (collection, source URI). Saving identical content again is a
+no-op; changed content replaces the chunks in one transaction and carries over the stored
+vectors of chunks whose text did not change, so only new text is embedded again.
+"""
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from kb.errors import ErrorCode, KBError
+from kb.ingestion.chunking import ChunkDraft, ChunkSettings, chunk_text, content_hash, count_tokens
+from kb.ingestion.formats import ParsedDocument, validate_content_type
+from kb.models import Chunk, Collection, Document, DocumentStatus
+
+Outcome = Literal["created", "updated", "unchanged"]
+MAX_SOURCE_URI_LENGTH = 4096
+
+
+@dataclass(frozen=True)
+class StoredDocument:
+    document: Document
+    outcome: Outcome
+    chunks_reused: int = 0
+
+    @property
+    def chunks_created(self) -> int:
+        return self.document.chunk_count
+
+
+def chunk_settings_of(collection: Collection) -> ChunkSettings:
+    return ChunkSettings(
+        max_tokens=collection.chunk_max_tokens,
+        min_tokens=collection.chunk_min_tokens,
+        overlap_tokens=collection.chunk_overlap_tokens,
+    )
+
+
+def document_create_from_text(
+    *,
+    collection: Collection,
+    source_uri: str,
+    text: str,
+    content_type: str = "plain_text",
+    title: str = "",
+    metadata: dict[str, Any] | None = None,
+) -> StoredDocument:
+    """Store raw text as a document, chunked by the collection's settings, in one transaction."""
+    content_type = validate_content_type(content_type)
+    if content_type in ("pdf", "docx"):
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"Raw text cannot have content_type {content_type!r}")
+    if not text.strip():
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "The text is empty")
+    text = text.replace("\r\n", "\n")
+    parsed = ParsedDocument(text=text, content_type=content_type, title=title)
+    return document_save(
+        collection=collection,
+        source_uri=source_uri,
+        parsed=parsed,
+        source_hash=content_hash(text),
+        size_bytes=len(text.encode("utf-8")),
+        metadata=metadata,
+    )
+
+
+def document_save(
+    *,
+    collection: Collection,
+    source_uri: str,
+    parsed: ParsedDocument,
+    source_hash: str,
+    size_bytes: int,
+    metadata: dict[str, Any] | None = None,
+    drafts: Sequence[ChunkDraft] | None = None,
+    force: bool = False,
+) -> StoredDocument:
+    """Create or update the document of ``source_uri`` from parsed content.
+
+    ``drafts`` are the chunks when the caller made them (pre-chunked input); otherwise the
+    text is chunked with the collection's settings here, before any lock is taken.
+    """
+    _validate_source_uri(source_uri)
+    if drafts is None:
+        drafts = chunk_text(parsed.text, content_type=parsed.content_type, settings=chunk_settings_of(collection), pages=parsed.pages)
+    if not drafts:
+        raise KBError(ErrorCode.LOAD_FAILED, f"No text to index in {source_uri}")
+    _check_chunk_sizes(drafts)
+    merged_metadata = {**parsed.metadata, **(metadata or {}), "file_size": size_bytes, "ingestion_date": time.time()}
+    with transaction.atomic():
+        document, created = Document.objects.select_for_update().get_or_create(
+            collection=collection,
+            source_uri=source_uri,
+            defaults={"content_type": parsed.content_type, "content_hash": source_hash},
+        )
+        if not created and document.content_hash == source_hash and not force:
+            return _unchanged(document, metadata)
+        old_chunk_ids = [] if created else list(document.chunks.values_list("id", flat=True))
+        new_chunks = Chunk.objects.bulk_create(
+            [
+                Chunk(
+                    document=document,
+                    collection=collection,
+                    index=draft.index,
+                    content=draft.content,
+                    token_count=draft.token_count,
+                    line_start=draft.line_start,
+                    line_end=draft.line_end,
+                    page=draft.page,
+                    content_hash=draft.content_hash,
+                    metadata=draft.metadata or {},
+                )
+                for draft in drafts
+            ],
+            batch_size=1000,
+        )
+        reused = _carry_over_embeddings(old_chunk_ids, [chunk.id for chunk in new_chunks])
+        if old_chunk_ids:
+            Chunk.objects.filter(id__in=old_chunk_ids).delete()
+        embedded = _embedded_count(document, collection)
+        _apply_content(document, parsed, source_hash, size_bytes, merged_metadata, len(new_chunks), embedded)
+        if document.status == DocumentStatus.PENDING:
+            from kb.tasks import enqueue_embedding
+
+            enqueue_embedding(document.id)
+    return StoredDocument(document=document, outcome="created" if created else "updated", chunks_reused=reused)
+
+
+def document_delete(*, doc_id: str) -> Document:
+    """Delete a document; its chunks, postings and embeddings go with it (database cascade)."""
+    with transaction.atomic():
+        document = document_lock(doc_id=doc_id)
+        Document.objects.filter(pk=document.pk).delete()
+    return document
+
+
+def document_lock(*, doc_id: str) -> Document:
+    try:
+        return Document.objects.select_for_update().select_related("collection").get(pk=doc_id)
+    except Document.DoesNotExist:
+        raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}") from None
+
+
+def document_mark_pending(*, doc_id: str, reset_attempts: bool = True) -> Document:
+    """Queue a document for embedding again (retry after failure, or re-embed)."""
+    with transaction.atomic():
+        document = document_lock(doc_id=doc_id)
+        document.status = DocumentStatus.PENDING
+        document.error = document.error_code = ""
+        document.lease_expires_at = pending_requeue_deadline()
+        if reset_attempts:
+            document.embed_attempts = 0
+        document.save(update_fields=["status", "error", "error_code", "lease_expires_at", "embed_attempts", "updated_at"])
+        from kb.tasks import enqueue_embedding
+
+        enqueue_embedding(document.id)
+    return document
+
+
+def pending_requeue_deadline() -> Any:
+    """When a still-pending document's task message counts as lost and is sent again."""
+    return timezone.now() + timedelta(seconds=settings.KB_EMBED_LEASE_SECONDS * 5)
+
+
+def _validate_source_uri(source_uri: str) -> None:
+    if not source_uri or not source_uri.strip():
+        raise KBError(ErrorCode.INVALID_URI, "The source URI is empty")
+    if len(source_uri) > MAX_SOURCE_URI_LENGTH:
+        raise KBError(ErrorCode.INVALID_URI, f"The source URI is longer than {MAX_SOURCE_URI_LENGTH} characters")
+
+
+def _check_chunk_sizes(drafts: Sequence[ChunkDraft]) -> None:
+    limit = settings.KB_MAX_CHUNK_TOKENS
+    for draft in drafts:
+        if draft.token_count > limit:
+            raise KBError(
+                ErrorCode.TEXT_TOO_LONG,
+                f"Chunk {draft.index} has {draft.token_count} tokens; the limit is {limit} (KB_MAX_CHUNK_TOKENS)",
+            )
+
+
+def _unchanged(document: Document, metadata: dict[str, Any] | None) -> StoredDocument:
+    if metadata and any(document.metadata.get(key) != value for key, value in metadata.items()):
+        document.metadata = {**document.metadata, **metadata}
+        document.save(update_fields=["metadata", "updated_at"])
+    return StoredDocument(document=document, outcome="unchanged")
+
+
+def _carry_over_embeddings(old_chunk_ids: list[int], new_chunk_ids: list[int]) -> int:
+    """Copy every model's vector of an old chunk to the new chunk with the same text."""
+    if not old_chunk_ids:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at)
+            SELECT DISTINCT ON (new.id, e.model_id) new.id, e.model_id, e.collection_id, e.vector, e.created_at
+            FROM kb_chunk AS new
+            JOIN kb_chunk AS old ON old.content_hash = new.content_hash AND old.id = ANY(%s)
+            JOIN kb_embedding AS e ON e.chunk_id = old.id
+            WHERE new.id = ANY(%s)
+            ORDER BY new.id, e.model_id
+            """,
+            [old_chunk_ids, new_chunk_ids],
+        )
+        return cursor.rowcount
+
+
+def _embedded_count(document: Document, collection: Collection) -> int:
+    return Chunk.objects.filter(document=document, embeddings__model_id=collection.embedding_model_id).count()
+
+
+def _apply_content(
+    document: Document,
+    parsed: ParsedDocument,
+    source_hash: str,
+    size_bytes: int,
+    metadata: dict[str, Any],
+    chunk_count: int,
+    embedded_count: int,
+) -> None:
+    complete = embedded_count >= chunk_count
+    document.content_type = parsed.content_type
+    document.title = parsed.title or document.title
+    document.raw_content = parsed.text
+    document.content_hash = source_hash
+    document.size_bytes = size_bytes
+    document.metadata = metadata
+    document.chunk_count = chunk_count
+    document.embedded_count = embedded_count
+    document.status = DocumentStatus.READY if complete else DocumentStatus.PENDING
+    document.error = document.error_code = ""
+    document.embed_attempts = 0
+    document.lease_expires_at = None if complete else pending_requeue_deadline()
+    document.save()
+
+
+def drafts_from_chunks(texts: Sequence[tuple[str, dict[str, Any]]]) -> tuple[str, list[ChunkDraft]]:
+    """Chunks given by a caller, in order, as drafts over their joined text (with line ranges)."""
+    parts: list[str] = []
+    drafts: list[ChunkDraft] = []
+    line = 1
+    for index, (text, chunk_metadata) in enumerate(texts):
+        lines = text.count("\n") + 1
+        drafts.append(
+            ChunkDraft(
+                index=index,
+                content=text,
+                token_count=count_tokens(text),
+                line_start=line,
+                line_end=line + lines - 1,
+                page=_page_of(chunk_metadata),
+                metadata=chunk_metadata,
+            )
+        )
+        parts.append(text)
+        line += lines + 1  # chunks are joined with a blank line
+    return "\n\n".join(parts) + "\n", drafts
+
+
+def _page_of(chunk_metadata: dict[str, Any]) -> int | None:
+    page = chunk_metadata.get("page") if chunk_metadata else None
+    return page if isinstance(page, int) and page >= 0 else None

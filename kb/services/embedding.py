@@ -1,0 +1,242 @@
+"""Embedding documents' chunks, safely under retries, duplicate messages and dead workers.
+
+The database is the source of truth. A worker *claims* a document with a lease that it
+renews after every batch; a claim only succeeds on a pending document or one whose lease
+ran out, so a redelivered or duplicated message finds nothing to do, and a document whose
+worker died is taken over once its lease expires. Vectors are inserted with
+``ON CONFLICT DO NOTHING`` on (chunk, model): every chunk ends with exactly one.
+"""
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+from pgvector import Vector
+
+from kb.embeddings import EmbeddingError, embed_texts
+from kb.errors import ErrorCode, KBError
+from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding, EmbeddingModel
+from kb.services.documents import document_lock, pending_requeue_deadline
+from kb.services.embedding_models import embedding_model_get_or_create, embedding_model_record_dimensions
+
+logger = logging.getLogger(__name__)
+
+
+def _lease_deadline():  # noqa: ANN202
+    return timezone.now() + timedelta(seconds=settings.KB_EMBED_LEASE_SECONDS)
+
+
+def document_claim(*, doc_id: str) -> bool:
+    """Take the document for embedding; False if it is done, deleted or held by a live worker."""
+    now = timezone.now()
+    claimable = Q(status=DocumentStatus.PENDING) | Q(status=DocumentStatus.PROCESSING, lease_expires_at__lt=now)
+
+    return bool(
+        Document.objects.filter(claimable, pk=doc_id).update(
+            status=DocumentStatus.PROCESSING,
+            lease_expires_at=_lease_deadline(),
+            embed_attempts=F("embed_attempts") + 1,
+            updated_at=now,
+        )
+    )
+
+
+def document_embed(*, doc_id: str) -> str:
+    """Embed every chunk of a claimed document that lacks a vector; returns the final status.
+
+    Raises EmbeddingError (retryable or not) with the document released back to pending.
+    """
+    try:
+        document = Document.objects.select_related("collection").get(pk=doc_id)
+    except Document.DoesNotExist:
+        return "deleted"
+    collection = document.collection
+    models = [collection.embedding_model] + ([collection.next_embedding_model] if collection.next_embedding_model else [])
+    for model in models:
+        while True:
+            batch = list(
+                Chunk.objects.filter(document_id=doc_id)
+                .exclude(Exists(Embedding.objects.filter(chunk=OuterRef("pk"), model=model)))
+                .order_by("index")
+                .values_list("id", "content")[: settings.EMBEDDING_BATCH_SIZE]
+            )
+            if not batch:
+                break
+            try:
+                vectors = embed_texts(model.provider, model.name, [content for _, content in batch])
+            except EmbeddingError as error:
+                document_release(doc_id=doc_id, error=error)
+                raise
+            if not _store_vectors(document, model, [chunk_id for chunk_id, _ in batch], vectors):
+                return "deleted"
+    return _finish(doc_id, collection)
+
+
+def _store_vectors(document: Document, model: EmbeddingModel, chunk_ids: list[int], vectors: list[list[float]]) -> bool:
+    """Insert a batch and renew the lease; False when the document was deleted meanwhile."""
+    with transaction.atomic():
+        renewed = Document.objects.filter(pk=document.pk).update(lease_expires_at=_lease_deadline())
+        if not renewed:
+            return False
+        _insert_vectors(model, chunk_ids, vectors)
+        _refresh_embedded_counts(document.collection, Document.objects.filter(pk=document.pk))
+    return True
+
+
+def _insert_vectors(model: EmbeddingModel, chunk_ids: list[int], vectors: list[list[float]]) -> None:
+    model = embedding_model_record_dimensions(model=model, dimensions=len(vectors[0]))
+    with connection.cursor() as cursor:
+        # Only chunks that still exist: an update may have replaced them meanwhile.
+        cursor.execute(
+            """
+            INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at)
+            SELECT c.id, %s, c.collection_id, v.vector, now()
+            FROM unnest(%s::bigint[], %s::vector[]) AS v(chunk_id, vector)
+            JOIN kb_chunk AS c ON c.id = v.chunk_id
+            ON CONFLICT (chunk_id, model_id) DO NOTHING
+            """,
+            [model.pk, chunk_ids, [Vector(vector) for vector in vectors]],
+        )
+
+
+def _refresh_embedded_counts(collection: Collection, documents: QuerySet[Document]) -> None:
+    counts = (
+        Embedding.objects.filter(chunk__document=OuterRef("pk"), model_id=collection.embedding_model_id)
+        .order_by()
+        .values("chunk__document")
+        .annotate(total=Count("*"))
+        .values("total")
+    )
+    documents.update(embedded_count=Coalesce(Subquery(counts), 0))
+
+
+def _finish(doc_id: str, collection: Collection) -> str:
+    with transaction.atomic():
+        try:
+            document = document_lock(doc_id=doc_id)
+        except KBError:
+            return "deleted"
+        _refresh_embedded_counts(collection, Document.objects.filter(pk=doc_id))
+        document.refresh_from_db(fields=["embedded_count", "chunk_count"])
+        if document.embedded_count < document.chunk_count:
+            # The content changed while we embedded: its new chunks have their own message.
+            return document.status
+        document.status = DocumentStatus.READY
+        document.lease_expires_at = None
+        document.error = document.error_code = ""
+        document.save(update_fields=["status", "lease_expires_at", "error", "error_code", "updated_at"])
+    return DocumentStatus.READY
+
+
+def document_release(*, doc_id: str, error: EmbeddingError) -> None:
+    """Give a claimed document back after a provider failure; the task decides on retrying."""
+    Document.objects.filter(pk=doc_id, status=DocumentStatus.PROCESSING).update(
+        status=DocumentStatus.PENDING,
+        error_code=ErrorCode.EMBEDDING_ERROR,
+        error=f"{error.message} (will retry)" if error.retryable else error.message,
+        lease_expires_at=pending_requeue_deadline(),
+        updated_at=timezone.now(),
+    )
+
+
+def document_fail(*, doc_id: str, error: KBError) -> None:
+    Document.objects.filter(pk=doc_id).exclude(status=DocumentStatus.READY).update(
+        status=DocumentStatus.FAILED,
+        error_code=error.code,
+        error=error.message,
+        lease_expires_at=None,
+        updated_at=timezone.now(),
+    )
+
+
+def documents_needing_embedding(*, limit: int = 1000) -> list[str]:
+    """Pending or processing documents whose message was lost or whose worker died.
+
+    Their requeue deadline is pushed forward so that one sweep sends one message each.
+    """
+    now = timezone.now()
+    stale = Q(status__in=[DocumentStatus.PENDING, DocumentStatus.PROCESSING]) & (
+        Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
+    )
+    with transaction.atomic():
+        ids = list(
+            Document.objects.filter(stale)
+            .select_for_update(skip_locked=True)
+            .order_by("updated_at")
+            .values_list("id", flat=True)[:limit]
+        )
+        Document.objects.filter(pk__in=ids, status=DocumentStatus.PENDING).update(
+            lease_expires_at=pending_requeue_deadline()
+        )
+    return ids
+
+
+def document_reembed(*, doc_id: str) -> Document:
+    """Drop a document's vectors of the collection's model and embed it again."""
+    from kb.services.documents import document_mark_pending
+
+    with transaction.atomic():
+        document = document_lock(doc_id=doc_id)
+        Embedding.objects.filter(chunk__document=document, model_id=document.collection.embedding_model_id).delete()
+        Document.objects.filter(pk=document.pk).update(embedded_count=0)
+        return document_mark_pending(doc_id=doc_id)
+
+
+def collection_switch_model(*, collection: Collection, provider: str, model_name: str) -> Collection:
+    """Start re-embedding a collection with another model; search switches when it is complete."""
+    model = embedding_model_get_or_create(provider=provider, name=model_name)
+    with transaction.atomic():
+        collection = Collection.objects.select_for_update().get(pk=collection.pk)
+        if model.pk == collection.embedding_model_id:
+            collection.next_embedding_model = None
+        else:
+            collection.next_embedding_model = model
+        collection.save(update_fields=["next_embedding_model", "updated_at"])
+        if collection.next_embedding_model_id:
+            from kb.tasks import enqueue_collection_reembed
+
+            enqueue_collection_reembed(collection.pk)
+    return collection
+
+
+def collection_reembed_step(*, collection_id: int) -> bool:
+    """Embed one batch of the collection's chunks with its next model; True when finished.
+
+    When no chunk lacks a vector of the next model, the models are switched under the
+    collection's row lock, so a concurrent ingest either sees the old pair or the new one.
+    """
+    try:
+        collection = Collection.objects.select_related("next_embedding_model").get(pk=collection_id)
+    except Collection.DoesNotExist:
+        return True
+    model = collection.next_embedding_model
+    if model is None:
+        return True
+    batch = list(
+        Chunk.objects.filter(collection_id=collection_id)
+        .exclude(Exists(Embedding.objects.filter(chunk=OuterRef("pk"), model=model)))
+        .values_list("id", "content")[: settings.EMBEDDING_BATCH_SIZE]
+    )
+    if batch:
+        vectors = embed_texts(model.provider, model.name, [content for _, content in batch])
+        _insert_vectors(model, [chunk_id for chunk_id, _ in batch], vectors)
+        return False
+    with transaction.atomic():
+        collection = Collection.objects.select_for_update().get(pk=collection_id)
+        if collection.next_embedding_model_id != model.pk:
+            return True
+        missing = Chunk.objects.filter(collection_id=collection_id).exclude(
+            Exists(Embedding.objects.filter(chunk=OuterRef("pk"), model=model))
+        )
+        if missing.exists():
+            return False
+        collection.embedding_model = model
+        collection.next_embedding_model = None
+        collection.save(update_fields=["embedding_model", "next_embedding_model", "updated_at"])
+        _refresh_embedded_counts(collection, Document.objects.filter(collection_id=collection_id))
+    logger.info("collection %s now searches with %s", collection.name, model)
+    return True

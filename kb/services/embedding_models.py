@@ -1,0 +1,55 @@
+from django.conf import settings
+from django.db import transaction
+
+from kb.errors import ErrorCode, KBError
+from kb.models import EmbeddingModel, EmbeddingProvider
+from kb.vector_index import ensure_hnsw_index
+
+# Dimensions known without asking the provider; others are learnt from the first vector.
+KNOWN_DIMENSIONS = {
+    ("local", "all-MiniLM-L6-v2"): 384,
+    ("ollama", "nomic-embed-text"): 768,
+    ("ollama", "all-minilm"): 384,
+    ("openai", "text-embedding-3-small"): 1536,
+    ("openai", "text-embedding-3-large"): 3072,
+    ("openai", "text-embedding-ada-002"): 1536,
+}
+
+
+def embedding_model_get_or_create(*, provider: str, name: str) -> EmbeddingModel:
+    if provider not in EmbeddingProvider.values:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"Unknown embedding provider {provider!r}; use one of {', '.join(EmbeddingProvider.values)}",
+        )
+    name = name.strip()
+    if not name:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "Embedding model name must not be empty")
+    model, created = EmbeddingModel.objects.get_or_create(provider=provider, name=name)
+    known = KNOWN_DIMENSIONS.get((provider, name))
+    if created and known:
+        model = embedding_model_record_dimensions(model=model, dimensions=known)
+    return model
+
+
+def embedding_model_default() -> EmbeddingModel:
+    return embedding_model_get_or_create(provider=settings.EMBEDDING_PROVIDER, name=settings.EMBEDDING_MODEL)
+
+
+def embedding_model_record_dimensions(*, model: EmbeddingModel, dimensions: int) -> EmbeddingModel:
+    """Record the dimension of a model's vectors (once) and build its HNSW index."""
+    if model.dimensions == dimensions:
+        return model
+    with transaction.atomic():
+        locked = EmbeddingModel.objects.select_for_update().get(pk=model.pk)
+        if locked.dimensions is None:
+            locked.dimensions = dimensions
+            locked.save(update_fields=["dimensions"])
+            ensure_hnsw_index(locked)
+        elif locked.dimensions != dimensions:
+            raise KBError(
+                ErrorCode.EMBEDDING_ERROR,
+                f"{locked.provider}:{locked.name} returned {dimensions}-dimensional vectors, "
+                f"but its stored vectors have {locked.dimensions} dimensions",
+            )
+    return locked

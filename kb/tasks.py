@@ -1,0 +1,81 @@
+"""Celery tasks: thin, id-taking wrappers around kb.services.embedding.
+
+Tasks acknowledge late and are rejected back to the queue if their worker dies; whatever a
+broker loses, the sweep finds again from the documents' status and lease in the database.
+"""
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+from django.db import transaction
+
+from kb.embeddings import EmbeddingError
+from kb.services import embedding
+
+logger = logging.getLogger(__name__)
+
+
+class RetryableEmbeddingError(Exception):
+    pass
+
+
+@shared_task(
+    acks_late=True,
+    autoretry_for=(RetryableEmbeddingError,),
+    retry_backoff=2,
+    retry_backoff_max=300,
+    retry_jitter=True,
+    max_retries=settings.EMBEDDING_MAX_RETRIES,
+)
+def embed_document(document_id: str) -> str:
+    if not embedding.document_claim(doc_id=document_id):
+        return "skipped"
+    try:
+        return embedding.document_embed(doc_id=document_id)
+    except EmbeddingError as error:
+        if error.retryable and embed_document.request.retries < embed_document.max_retries:
+            logger.warning("embedding %s failed, will retry: %s", document_id, error.message)
+            raise RetryableEmbeddingError(error.message) from None
+        embedding.document_fail(doc_id=document_id, error=error)
+        return "failed"
+
+
+@shared_task(acks_late=True, autoretry_for=(RetryableEmbeddingError,), retry_backoff=2, retry_jitter=True, max_retries=None)
+def reembed_collection(collection_id: int) -> str:
+    """Embed a collection with its next model, one batch per loop, then switch it over."""
+    try:
+        while not embedding.collection_reembed_step(collection_id=collection_id):
+            pass
+    except EmbeddingError as error:
+        if not error.retryable:
+            logger.error("re-embedding collection %s stopped: %s", collection_id, error.message)
+            return "failed"
+        raise RetryableEmbeddingError(error.message) from None
+    return "done"
+
+
+@shared_task
+def sweep_stale_documents() -> int:
+    """Send again the documents whose message was lost or whose worker died."""
+    ids = embedding.documents_needing_embedding()
+    for document_id in ids:
+        embed_document.delay(document_id)
+    if ids:
+        logger.info("sweep re-queued %d documents", len(ids))
+    return len(ids)
+
+
+@shared_task
+def ping(value: str) -> str:
+    """A round trip through broker, worker and result backend (used by health checks and tests)."""
+    return f"pong:{value}"
+
+
+def enqueue_embedding(document_id: str) -> None:
+    """Send the task once the surrounding transaction commits (a broker outage is logged; the sweep recovers)."""
+    transaction.on_commit(lambda: embed_document.delay(document_id), robust=True)
+
+
+def enqueue_collection_reembed(collection_id: int) -> None:
+    transaction.on_commit(lambda: reembed_collection.delay(collection_id), robust=True)

@@ -1,0 +1,118 @@
+"""Fixtures shared by the suite.
+
+The suite runs against the embedded Postgres + pgvector of ``var/test/pgdata`` (started on
+first connect by this process, stopped when it exits; see config.settings), or against
+DATABASE_URL when that is set. Processes the tests start (Celery workers, uvicorn, the
+launcher) get an environment that points them at the same test database.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def child_env() -> dict[str, str]:
+    """Environment variables that make a child process use the test database."""
+    env = dict(os.environ)
+    name = connection.settings_dict["NAME"]
+    if os.environ.get("DATABASE_URL"):
+        parts = urlsplit(os.environ["DATABASE_URL"])
+        env["DATABASE_URL"] = urlunsplit(parts._replace(path=f"/{name}"))
+    else:
+        env["KB_EMBEDDED_DATABASE"] = name
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class ChildProcess:
+    """A process started for a test, stopped with its whole process group."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        try:
+            os.killpg(self.process.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill(signal.SIGKILL)
+        self.process.wait()
+        self._log.close()
+
+
+def wait_for(condition: Callable[[], bool], *, timeout: float, interval: float = 0.2, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def start_worker(tmp_path: Path, *, extra_env: dict[str, str] | None = None, name: str = "worker") -> ChildProcess:
+    env = {**child_env(), **(extra_env or {})}
+    command = [
+        sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel=INFO", "--concurrency=1",
+        "--without-gossip", "--without-mingle", f"--hostname={name}-{os.getpid()}@%h",
+    ]  # fmt: skip
+    return ChildProcess(command, env, tmp_path / f"{name}.log")
+
+
+@pytest.fixture
+def celery_worker(tmp_path: Path, transactional_db: None) -> Iterator[ChildProcess]:
+    """A real Celery worker on the default (file-system) broker, using the test database."""
+    worker = start_worker(tmp_path)
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def live_server_url(tmp_path: Path, transactional_db: None) -> Iterator[str]:
+    """The real ASGI host (Django + MCP) under uvicorn on a free loopback port."""
+    port = free_port()
+    command = [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
+    server = ChildProcess(command, child_env(), tmp_path / "uvicorn.log")
+    wait_for(lambda: _port_open(port) or not server.alive(), timeout=60, what="uvicorn to listen")
+    assert server.alive(), server.log()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0

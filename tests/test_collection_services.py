@@ -1,0 +1,57 @@
+import pytest
+
+from kb.errors import ErrorCode, KBError
+from kb.models import Collection
+from kb.services.collections import collection_create, collection_delete, collection_update
+
+
+def test_it_creates_a_collection_with_the_seed_defaults(db):
+    collection = collection_create(name="code", description="Source code")
+    assert (collection.chunk_max_tokens, collection.chunk_min_tokens, collection.chunk_overlap_tokens) == (512, 50, 0)
+    assert collection.embedding_model.name == "all-MiniLM-L6-v2"
+    assert collection.uuid is not None
+
+
+@pytest.mark.parametrize("name", ["has space", "dots.not.allowed", "", "ünï", "a/b", "x" * 101])
+def test_it_refuses_invalid_names(db, name):
+    with pytest.raises(KBError) as error:
+        collection_create(name=name)
+    assert error.value.code == ErrorCode.INVALID_ARGUMENT
+    assert not Collection.objects.exists()
+
+
+def test_names_are_case_sensitive(db):
+    collection_create(name="Docs")
+    collection_create(name="docs")
+    assert Collection.objects.count() == 2
+
+
+def test_a_duplicate_name_is_collection_exists(db):
+    collection_create(name="docs")
+    with pytest.raises(KBError) as error:
+        collection_create(name="docs")
+    assert error.value.code == ErrorCode.COLLECTION_EXISTS
+    assert error.value.http_status == 409
+
+
+def test_deleting_an_unknown_collection_is_collection_not_found(db):
+    with pytest.raises(KBError) as error:
+        collection_delete(name="missing")
+    assert error.value.code == ErrorCode.COLLECTION_NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"chunk_max_tokens": 8}, {"chunk_min_tokens": 600}, {"chunk_overlap_tokens": 400}, {"semantic_weight": 1.5}],
+)
+def test_it_refuses_inconsistent_settings(db, settings):
+    with pytest.raises(KBError) as error:
+        collection_create(name="docs", **settings)
+    assert error.value.code == ErrorCode.INVALID_ARGUMENT
+
+
+def test_it_updates_settings(db):
+    collection = collection_create(name="docs")
+    collection_update(collection=collection, chunk_max_tokens=256, semantic_weight=0.7, description="new")
+    collection.refresh_from_db()
+    assert (collection.chunk_max_tokens, collection.semantic_weight, collection.description) == (256, 0.7, "new")

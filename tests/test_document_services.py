@@ -1,0 +1,87 @@
+import pytest
+from django.db import connection
+
+from kb.errors import ErrorCode, KBError
+from kb.models import Chunk, Document, DocumentStatus, Embedding
+from kb.services.collections import collection_create, collection_delete
+from kb.services.documents import document_create_from_text, document_delete
+
+TEXT = "# Wings\n\nLift comes from pressure differences.\n\n## Drag\n\nDrag grows with speed.\n"
+
+
+def add_vectors(document: Document) -> None:
+    """Give every chunk a vector directly, as the embedding task would."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at) "
+            "SELECT c.id, %s, c.collection_id, array_fill(0.1, ARRAY[384])::vector, now() "
+            "FROM kb_chunk c WHERE c.document_id = %s",
+            [document.collection.embedding_model_id, document.pk],
+        )
+
+
+def test_it_stores_a_document_and_its_chunks_in_one_go(db, django_capture_on_commit_callbacks):
+    collection = collection_create(name="docs")
+    with django_capture_on_commit_callbacks() as callbacks:
+        stored = document_create_from_text(
+            collection=collection, source_uri="note://wings", text=TEXT, content_type="markdown"
+        )
+    document = stored.document
+    assert stored.outcome == "created"
+    assert len(document.pk) == 26  # a ULID
+    assert document.status == DocumentStatus.PENDING
+    chunks = list(document.chunks.order_by("index"))
+    assert document.chunk_count == len(chunks) >= 1
+    assert chunks[0].line_start == 1 and chunks[-1].line_end == TEXT.count("\n")
+    assert "".join(chunk.content for chunk in chunks).replace("\n", "") == TEXT.replace("\n", "")
+    assert len(callbacks) == 1  # the embedding task is sent after commit
+
+
+def test_identical_text_again_is_a_no_op(db):
+    collection = collection_create(name="docs")
+    first = document_create_from_text(collection=collection, source_uri="note://wings", text=TEXT)
+    again = document_create_from_text(collection=collection, source_uri="note://wings", text=TEXT)
+    assert again.outcome == "unchanged"
+    assert again.document.pk == first.document.pk
+    assert Document.objects.count() == 1
+
+
+def test_deleting_a_document_removes_its_chunks_and_embeddings(db):
+    collection = collection_create(name="docs")
+    document = document_create_from_text(collection=collection, source_uri="note://wings", text=TEXT).document
+    add_vectors(document)
+    assert Embedding.objects.filter(chunk__document=document).exists()
+    deleted = document_delete(doc_id=document.pk)
+    assert deleted.source_uri == "note://wings"
+    assert not Chunk.objects.filter(document_id=document.pk).exists()
+    assert not Embedding.objects.exists()
+
+
+def test_deleting_a_collection_removes_everything_in_it(db):
+    collection = collection_create(name="docs")
+    other = collection_create(name="other")
+    document = document_create_from_text(collection=collection, source_uri="note://a", text=TEXT).document
+    add_vectors(document)
+    kept = document_create_from_text(collection=other, source_uri="note://b", text=TEXT).document
+    deletion = collection_delete(name="docs")
+    assert (deletion.documents, deletion.chunks) == (1, document.chunk_count)
+    assert list(Document.objects.values_list("pk", flat=True)) == [kept.pk]
+    assert not Embedding.objects.exists()
+    assert Chunk.objects.filter(document=kept).count() == kept.chunk_count
+
+
+def test_an_unknown_document_is_document_not_found(db):
+    with pytest.raises(KBError) as error:
+        document_delete(doc_id="01HRE4KXQN8Z3J2X5Y7A9B4C6D")
+    assert error.value.code == ErrorCode.DOCUMENT_NOT_FOUND
+    assert error.value.as_dict() == {
+        "error": {"code": "DOCUMENT_NOT_FOUND", "message": "Document not found: 01HRE4KXQN8Z3J2X5Y7A9B4C6D"}
+    }
+
+
+def test_empty_text_is_an_invalid_argument(db):
+    collection = collection_create(name="docs")
+    with pytest.raises(KBError) as error:
+        document_create_from_text(collection=collection, source_uri="note://empty", text="  \n ")
+    assert error.value.code == ErrorCode.INVALID_ARGUMENT
+    assert not Document.objects.exists()
