@@ -25,7 +25,9 @@ def build_application() -> Starlette:
     return Starlette(
         routes=[
             *mcp_routes(),
-            Mount(f"/{settings.STATIC_URL.strip('/')}", app=StaticFiles(directory=settings.STATIC_ROOT, check_dir=False)),
+            Mount(
+                f"/{settings.STATIC_URL.strip('/')}", app=StaticFiles(directory=settings.STATIC_ROOT, check_dir=False)
+            ),
             Mount("/", app=django_application),
         ],
         lifespan=mcp_lifespan,

@@ -90,9 +90,7 @@ class OllamaEmbedder:
             hint = f" (run `ollama pull {self.model_name}`)" if exc.status_code == 404 else ""
             raise EmbeddingError(f"Ollama refused the request: {exc.error}{hint}", retryable=retryable) from None
         except (httpx.HTTPError, ConnectionError) as exc:
-            raise EmbeddingError(
-                f"Ollama at {settings.OLLAMA_HOST} is unreachable: {exc}", retryable=True
-            ) from None
+            raise EmbeddingError(f"Ollama at {settings.OLLAMA_HOST} is unreachable: {exc}", retryable=True) from None
         return _checked(response.embeddings, len(texts), "Ollama")
 
 
@@ -153,7 +151,7 @@ def embed_texts(provider: str, model_name: str, texts: Sequence[str]) -> list[li
             vectors.extend(embedder.embed(texts[start : start + size]))
         except EmbeddingError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a provider library's unexpected failure
+        except Exception as exc:
             logger.exception("embedding with %s:%s failed", provider, model_name)
             raise EmbeddingError(f"{provider}:{model_name} failed: {exc}", retryable=True) from exc
     return vectors

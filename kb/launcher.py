@@ -5,6 +5,7 @@ Ctrl-C reaches only the launcher, which then stops them in order (web, worker, d
 and waits for each; a child that dies on its own brings the rest down with it.
 """
 
+import contextlib
 import os
 import secrets
 import signal
@@ -105,7 +106,7 @@ class Launcher:
         return 0
 
     def _stop_children(self) -> None:
-        for name, process in reversed(self.children):
+        for _name, process in reversed(self.children):
             if process.poll() is None:
                 self._signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
@@ -121,7 +122,5 @@ class Launcher:
 
     @staticmethod
     def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signum)
-        except ProcessLookupError:
-            pass

@@ -11,7 +11,15 @@ from django.db.models.functions import Coalesce
 from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding
 
-KB_TABLES = ("kb_collection", "kb_document", "kb_chunk", "kb_embedding", "kb_embeddingmodel", "kb_posting", "kb_term_stats")
+KB_TABLES = (
+    "kb_collection",
+    "kb_document",
+    "kb_chunk",
+    "kb_embedding",
+    "kb_embeddingmodel",
+    "kb_posting",
+    "kb_term_stats",
+)
 
 
 def collection_get(*, name: str) -> Collection:

@@ -41,7 +41,9 @@ def embed_document(document_id: str) -> str:
         return "failed"
 
 
-@shared_task(acks_late=True, autoretry_for=(RetryableEmbeddingError,), retry_backoff=2, retry_jitter=True, max_retries=None)
+@shared_task(
+    acks_late=True, autoretry_for=(RetryableEmbeddingError,), retry_backoff=2, retry_jitter=True, max_retries=None
+)
 def reembed_collection(collection_id: int) -> str:
     """Embed a collection with its next model, one batch per loop, then switch it over."""
     try:
@@ -66,7 +68,7 @@ def sweep_stale_documents() -> int:
     return len(ids)
 
 
-@shared_task
+@shared_task(ignore_result=False)
 def ping(value: str) -> str:
     """A round trip through broker, worker and result backend (used by health checks and tests)."""
     return f"pong:{value}"

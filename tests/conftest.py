@@ -6,6 +6,7 @@ DATABASE_URL when that is set. Processes the tests start (Celery workers, uvicor
 launcher) get an environment that points them at the same test database.
 """
 
+import contextlib
 import os
 import signal
 import socket
@@ -58,17 +59,13 @@ class ChildProcess:
         return self.process.poll() is None
 
     def kill(self, signum: int = signal.SIGKILL) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signum)
-        except ProcessLookupError:
-            pass
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
         self.kill(signal.SIGKILL)
         self.process.wait()
         self._log.close()

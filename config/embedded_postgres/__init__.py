@@ -8,6 +8,7 @@ the running server and leaves it alone.
 """
 
 import atexit
+import contextlib
 import importlib
 import logging
 import threading
@@ -86,7 +87,6 @@ def _create_database(socket_dir: Path, database: str) -> None:
     with psycopg.connect(host=str(socket_dir), user="postgres", dbname="postgres", autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
         if not exists:
-            try:
+            # Another process may create it between our check and our CREATE.
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-            except psycopg.errors.DuplicateDatabase:
-                pass  # another process created it between our check and our CREATE

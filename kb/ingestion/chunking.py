@@ -103,7 +103,9 @@ def chunk_text(
     spans: list[tuple[int, int, int | None]] = []
     for page in pages or [Page(number=0, start=0, end=len(text))]:
         segment = text[page.start : page.end]
-        page_spans = [(page.start + offset, page.start + offset + len(chunk)) for offset, chunk in splitter.chunk_indices(segment)]
+        page_spans = [
+            (page.start + offset, page.start + offset + len(chunk)) for offset, chunk in splitter.chunk_indices(segment)
+        ]
         page_spans = _merge_small_spans(text, page_spans, settings, count_tokens)
         spans.extend((start, end, page.number if pages else None) for start, end in page_spans)
     drafts = []

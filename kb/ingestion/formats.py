@@ -305,7 +305,9 @@ def _parse_pdf(data: bytes) -> ParsedDocument:
         if info.author:
             metadata["author"] = info.author.strip()
         metadata.update(
-            _epoch_dates(creation_date=_safe_attr(info, "creation_date"), modification_date=_safe_attr(info, "modification_date"))
+            _epoch_dates(
+                creation_date=_safe_attr(info, "creation_date"), modification_date=_safe_attr(info, "modification_date")
+            )
         )
     if title:
         metadata["title"] = title

@@ -15,7 +15,9 @@ from django.db import migrations, models
 def register_local_model(apps, schema_editor):
     """The default local model, with its HNSW index, so a fresh database is ready to search."""
     EmbeddingModel = apps.get_model("kb", "EmbeddingModel")
-    model, _ = EmbeddingModel.objects.get_or_create(provider="local", name="all-MiniLM-L6-v2", defaults={"dimensions": 384})
+    model, _ = EmbeddingModel.objects.get_or_create(
+        provider="local", name="all-MiniLM-L6-v2", defaults={"dimensions": 384}
+    )
     schema_editor.execute(
         f"CREATE INDEX IF NOT EXISTS kb_embedding_hnsw_model_{model.pk} ON kb_embedding "
         f"USING hnsw ((vector::vector(384)) vector_cosine_ops) WITH (m = 16, ef_construction = 64) "
@@ -24,145 +26,245 @@ def register_local_model(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         CreatePgvectorExtension(),
         migrations.CreateModel(
-            name='Collection',
+            name="Collection",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True, validators=[django.core.validators.RegexValidator('^[a-zA-Z0-9_-]+$', "Use letters, digits, '-' and '_' only.")])),
-                ('description', models.TextField(blank=True, default='')),
-                ('uuid', models.UUIDField(default=uuid.uuid4, editable=False, unique=True)),
-                ('chunk_max_tokens', models.PositiveIntegerField(default=512)),
-                ('chunk_min_tokens', models.PositiveIntegerField(default=50)),
-                ('chunk_overlap_tokens', models.PositiveIntegerField(default=0)),
-                ('search_top_k', models.PositiveIntegerField(default=10)),
-                ('search_hybrid', models.BooleanField(default=True)),
-                ('semantic_weight', models.FloatField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=100,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[a-zA-Z0-9_-]+$", "Use letters, digits, '-' and '_' only."
+                            )
+                        ],
+                    ),
+                ),
+                ("description", models.TextField(blank=True, default="")),
+                ("uuid", models.UUIDField(default=uuid.uuid4, editable=False, unique=True)),
+                ("chunk_max_tokens", models.PositiveIntegerField(default=512)),
+                ("chunk_min_tokens", models.PositiveIntegerField(default=50)),
+                ("chunk_overlap_tokens", models.PositiveIntegerField(default=0)),
+                ("search_top_k", models.PositiveIntegerField(default=10)),
+                ("search_hybrid", models.BooleanField(default=True)),
+                ("semantic_weight", models.FloatField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Document',
+            name="Document",
             fields=[
-                ('id', models.CharField(default=kb.models.new_ulid, editable=False, max_length=26, primary_key=True, serialize=False)),
-                ('source_uri', models.TextField()),
-                ('content_type', models.CharField(max_length=40)),
-                ('title', models.CharField(blank=True, default='', max_length=500)),
-                ('raw_content', models.TextField(blank=True, default='')),
-                ('content_hash', models.CharField(max_length=64)),
-                ('size_bytes', models.BigIntegerField(default=0)),
-                ('metadata', models.JSONField(blank=True, default=dict)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('processing', 'Processing'), ('ready', 'Ready'), ('failed', 'Failed')], default='pending', max_length=20)),
-                ('error_code', models.CharField(blank=True, default='', max_length=40)),
-                ('error', models.TextField(blank=True, default='')),
-                ('chunk_count', models.PositiveIntegerField(default=0)),
-                ('embedded_count', models.PositiveIntegerField(default=0)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('embed_attempts', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('collection', models.ForeignKey(db_constraint=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='documents', to='kb.collection')),
+                (
+                    "id",
+                    models.CharField(
+                        default=kb.models.new_ulid, editable=False, max_length=26, primary_key=True, serialize=False
+                    ),
+                ),
+                ("source_uri", models.TextField()),
+                ("content_type", models.CharField(max_length=40)),
+                ("title", models.CharField(blank=True, default="", max_length=500)),
+                ("raw_content", models.TextField(blank=True, default="")),
+                ("content_hash", models.CharField(max_length=64)),
+                ("size_bytes", models.BigIntegerField(default=0)),
+                ("metadata", models.JSONField(blank=True, default=dict)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("processing", "Processing"),
+                            ("ready", "Ready"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=20,
+                    ),
+                ),
+                ("error_code", models.CharField(blank=True, default="", max_length=40)),
+                ("error", models.TextField(blank=True, default="")),
+                ("chunk_count", models.PositiveIntegerField(default=0)),
+                ("embedded_count", models.PositiveIntegerField(default=0)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("embed_attempts", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "collection",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="documents",
+                        to="kb.collection",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Chunk',
+            name="Chunk",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('index', models.PositiveIntegerField()),
-                ('content', models.TextField()),
-                ('token_count', models.PositiveIntegerField()),
-                ('line_start', models.PositiveIntegerField()),
-                ('line_end', models.PositiveIntegerField()),
-                ('page', models.PositiveIntegerField(blank=True, null=True)),
-                ('content_hash', models.CharField(max_length=64)),
-                ('metadata', models.JSONField(blank=True, default=dict)),
-                ('search_vector', models.GeneratedField(db_persist=True, expression=django.contrib.postgres.search.SearchVector('content', config='english'), output_field=django.contrib.postgres.search.SearchVectorField())),
-                ('collection', models.ForeignKey(db_constraint=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='kb.collection')),
-                ('document', models.ForeignKey(db_constraint=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='chunks', to='kb.document')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("index", models.PositiveIntegerField()),
+                ("content", models.TextField()),
+                ("token_count", models.PositiveIntegerField()),
+                ("line_start", models.PositiveIntegerField()),
+                ("line_end", models.PositiveIntegerField()),
+                ("page", models.PositiveIntegerField(blank=True, null=True)),
+                ("content_hash", models.CharField(max_length=64)),
+                ("metadata", models.JSONField(blank=True, default=dict)),
+                (
+                    "search_vector",
+                    models.GeneratedField(
+                        db_persist=True,
+                        expression=django.contrib.postgres.search.SearchVector("content", config="english"),
+                        output_field=django.contrib.postgres.search.SearchVectorField(),
+                    ),
+                ),
+                (
+                    "collection",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="+",
+                        to="kb.collection",
+                    ),
+                ),
+                (
+                    "document",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="chunks",
+                        to="kb.document",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['document', 'index'],
+                "ordering": ["document", "index"],
             },
         ),
         migrations.CreateModel(
-            name='EmbeddingModel',
+            name="EmbeddingModel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('provider', models.CharField(choices=[('local', 'Local (sentence-transformers)'), ('ollama', 'Ollama'), ('openai', 'OpenAI-compatible')], max_length=20)),
-                ('name', models.CharField(max_length=200)),
-                ('dimensions', models.PositiveIntegerField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "provider",
+                    models.CharField(
+                        choices=[
+                            ("local", "Local (sentence-transformers)"),
+                            ("ollama", "Ollama"),
+                            ("openai", "OpenAI-compatible"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("name", models.CharField(max_length=200)),
+                ("dimensions", models.PositiveIntegerField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('provider', 'name'), name='kb_embedding_model_unique')],
+                "constraints": [models.UniqueConstraint(fields=("provider", "name"), name="kb_embedding_model_unique")],
             },
         ),
         migrations.CreateModel(
-            name='Embedding',
+            name="Embedding",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('vector', pgvector.django.vector.VectorField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('chunk', models.ForeignKey(db_constraint=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='embeddings', to='kb.chunk')),
-                ('collection', models.ForeignKey(db_constraint=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='kb.collection')),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='embeddings', to='kb.embeddingmodel')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("vector", pgvector.django.vector.VectorField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "chunk",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="embeddings",
+                        to="kb.chunk",
+                    ),
+                ),
+                (
+                    "collection",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="+",
+                        to="kb.collection",
+                    ),
+                ),
+                (
+                    "model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="embeddings", to="kb.embeddingmodel"
+                    ),
+                ),
             ],
         ),
         migrations.AddField(
-            model_name='collection',
-            name='embedding_model',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='collections', to='kb.embeddingmodel'),
+            model_name="collection",
+            name="embedding_model",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name="collections", to="kb.embeddingmodel"
+            ),
         ),
         migrations.AddField(
-            model_name='collection',
-            name='next_embedding_model',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='kb.embeddingmodel'),
+            model_name="collection",
+            name="next_embedding_model",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="kb.embeddingmodel",
+            ),
         ),
         migrations.AddIndex(
-            model_name='document',
-            index=models.Index(fields=['status', 'lease_expires_at'], name='kb_document_status_idx'),
+            model_name="document",
+            index=models.Index(fields=["status", "lease_expires_at"], name="kb_document_status_idx"),
         ),
         migrations.AddIndex(
-            model_name='document',
-            index=models.Index(fields=['collection', '-created_at'], name='kb_document_recent_idx'),
+            model_name="document",
+            index=models.Index(fields=["collection", "-created_at"], name="kb_document_recent_idx"),
         ),
         migrations.AddConstraint(
-            model_name='document',
-            constraint=models.UniqueConstraint(fields=('collection', 'source_uri'), name='kb_document_source_unique'),
+            model_name="document",
+            constraint=models.UniqueConstraint(fields=("collection", "source_uri"), name="kb_document_source_unique"),
         ),
         migrations.AddIndex(
-            model_name='chunk',
-            index=django.contrib.postgres.indexes.GinIndex(fields=['search_vector'], name='kb_chunk_search_vector_gin'),
+            model_name="chunk",
+            index=django.contrib.postgres.indexes.GinIndex(fields=["search_vector"], name="kb_chunk_search_vector_gin"),
         ),
         migrations.AddIndex(
-            model_name='chunk',
-            index=models.Index(fields=['content_hash'], name='kb_chunk_content_hash_idx'),
+            model_name="chunk",
+            index=models.Index(fields=["content_hash"], name="kb_chunk_content_hash_idx"),
         ),
         migrations.AddConstraint(
-            model_name='chunk',
-            constraint=models.UniqueConstraint(deferrable=django.db.models.constraints.Deferrable['DEFERRED'], fields=('document', 'index'), name='kb_chunk_position_unique'),
+            model_name="chunk",
+            constraint=models.UniqueConstraint(
+                deferrable=django.db.models.constraints.Deferrable["DEFERRED"],
+                fields=("document", "index"),
+                name="kb_chunk_position_unique",
+            ),
         ),
         migrations.AddIndex(
-            model_name='embedding',
-            index=models.Index(fields=['model', 'collection'], name='kb_embedding_model_coll_idx'),
+            model_name="embedding",
+            index=models.Index(fields=["model", "collection"], name="kb_embedding_model_coll_idx"),
         ),
         migrations.AddConstraint(
-            model_name='embedding',
-            constraint=models.UniqueConstraint(fields=('chunk', 'model'), name='kb_embedding_chunk_model_unique'),
+            model_name="embedding",
+            constraint=models.UniqueConstraint(fields=("chunk", "model"), name="kb_embedding_chunk_model_unique"),
         ),
         cascade_foreign_key("kb_document", "collection_id", "kb_collection"),
         cascade_foreign_key("kb_chunk", "document_id", "kb_document"),

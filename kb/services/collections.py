@@ -57,7 +57,9 @@ def collection_create(
     semantic_weight: float | None = None,
 ) -> Collection:
     validate_collection_name(name)
-    validate_chunk_settings(max_tokens=chunk_max_tokens, min_tokens=chunk_min_tokens, overlap_tokens=chunk_overlap_tokens)
+    validate_chunk_settings(
+        max_tokens=chunk_max_tokens, min_tokens=chunk_min_tokens, overlap_tokens=chunk_overlap_tokens
+    )
     validate_semantic_weight(semantic_weight)
     if embedding_provider or embedding_model:
         from django.conf import settings

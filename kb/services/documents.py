@@ -88,7 +88,9 @@ def document_save(
     """
     _validate_source_uri(source_uri)
     if drafts is None:
-        drafts = chunk_text(parsed.text, content_type=parsed.content_type, settings=chunk_settings_of(collection), pages=parsed.pages)
+        drafts = chunk_text(
+            parsed.text, content_type=parsed.content_type, settings=chunk_settings_of(collection), pages=parsed.pages
+        )
     if not drafts:
         raise KBError(ErrorCode.LOAD_FAILED, f"No text to index in {source_uri}")
     _check_chunk_sizes(drafts)
@@ -156,7 +158,9 @@ def document_mark_pending(*, doc_id: str, reset_attempts: bool = True) -> Docume
         document.lease_expires_at = pending_requeue_deadline()
         if reset_attempts:
             document.embed_attempts = 0
-        document.save(update_fields=["status", "error", "error_code", "lease_expires_at", "embed_attempts", "updated_at"])
+        document.save(
+            update_fields=["status", "error", "error_code", "lease_expires_at", "embed_attempts", "updated_at"]
+        )
         from kb.tasks import enqueue_embedding
 
         enqueue_embedding(document.id)

@@ -55,7 +55,9 @@ def document_embed(*, doc_id: str) -> str:
     except Document.DoesNotExist:
         return "deleted"
     collection = document.collection
-    models = [collection.embedding_model] + ([collection.next_embedding_model] if collection.next_embedding_model else [])
+    models = [collection.embedding_model] + (
+        [collection.next_embedding_model] if collection.next_embedding_model else []
+    )
     for model in models:
         while True:
             batch = list(

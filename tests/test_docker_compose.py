@@ -1,0 +1,38 @@
+"""docker-compose.yml cannot be started here (no Docker engine); check it agrees with the settings."""
+
+import re
+
+import yaml
+
+from tests.conftest import ROOT
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_every_variable_it_sets_is_a_setting_the_project_reads():
+    example = (ROOT / ".env.example").read_text()
+    known = set(re.findall(r"^#?\s*([A-Z0-9_]+)=", example, re.MULTILINE))
+    for name, service in compose()["services"].items():
+        if name in ("postgres", "redis", "ollama"):
+            continue
+        unknown = set(service["environment"]) - known
+        assert not unknown, f"{name} sets variables no setting reads: {unknown}"
+
+
+def test_services_have_health_checks_and_the_data_has_volumes():
+    services = compose()["services"]
+    for name in ("postgres", "redis", "ollama", "web", "worker"):
+        assert "healthcheck" in services[name], name
+    assert "pgdata:/var/lib/postgresql/data" in services["postgres"]["volumes"]
+    assert set(compose()["volumes"]) >= {"pgdata", "redisdata", "ollama"}
+
+
+def test_the_database_is_postgres_with_pgvector_and_the_broker_is_redis():
+    services = compose()["services"]
+    assert services["postgres"]["image"].startswith("pgvector/pgvector")
+    environment = services["web"]["environment"]
+    assert environment["DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in environment["DATABASE_URL"]
+    assert environment["CELERY_BROKER_URL"] == "redis://redis:6379/0"
+    assert services["worker"]["environment"] == environment
