@@ -204,6 +204,8 @@ def decode_text(data: bytes) -> str:
             raise KBError(ErrorCode.LOAD_FAILED, f"The content is {description}, not a supported document format")
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         text = data.decode("utf-16")
+    elif b"\x00" in data[:8192]:
+        raise KBError(ErrorCode.LOAD_FAILED, "The content is binary, not text; it cannot be ingested")
     else:
         try:
             text = data.decode("utf-8-sig")
@@ -215,15 +217,20 @@ def decode_text(data: bytes) -> str:
 
 
 def _decode_legacy(data: bytes) -> str:
+    """Decode non-UTF-8 text. charset-normalizer guesses poorly on short Western text (it
+    picks Baltic code pages for French), so Windows-1252 wins among near-equal candidates."""
     from charset_normalizer import from_bytes
 
-    best = from_bytes(data[: 1024 * 1024]).best()
+    results = from_bytes(data[: 1024 * 1024])
+    best = results.best()
     if best is None or best.encoding is None:
         raise KBError(ErrorCode.LOAD_FAILED, "The content is not text in any known encoding; it cannot be ingested")
+    close = [match.encoding for match in results if match.chaos <= best.chaos + 0.1]
+    encoding = "cp1252" if "cp1252" in close else best.encoding
     try:
-        return data.decode(best.encoding)
+        return data.decode(encoding)
     except (UnicodeDecodeError, LookupError):
-        raise KBError(ErrorCode.LOAD_FAILED, f"The content could not be decoded as {best.encoding}") from None
+        raise KBError(ErrorCode.LOAD_FAILED, f"The content could not be decoded as {encoding}") from None
 
 
 def _control_ratio(text: str) -> float:

@@ -245,12 +245,13 @@ def _apply_content(
     document.save()
 
 
-def drafts_from_chunks(texts: Sequence[tuple[str, dict[str, Any]]]) -> tuple[str, list[ChunkDraft]]:
-    """Chunks given by a caller, in order, as drafts over their joined text (with line ranges)."""
+def drafts_from_chunks(chunks: Sequence[tuple[int, str, dict[str, Any]]]) -> tuple[str, list[ChunkDraft]]:
+    """Chunks given by a caller (index, text, metadata), in order, as drafts over their joined
+    text, so that they get line ranges like any other chunk."""
     parts: list[str] = []
     drafts: list[ChunkDraft] = []
     line = 1
-    for index, (text, chunk_metadata) in enumerate(texts):
+    for index, text, chunk_metadata in chunks:
         lines = text.count("\n") + 1
         drafts.append(
             ChunkDraft(

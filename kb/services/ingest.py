@@ -1,0 +1,264 @@
+"""``document_ingest``: how knowledge gets in, from every front door.
+
+A URI (``file://`` or a bare path, ``http(s)://``, ``data:``), an upload, raw text or
+caller-made chunks become documents: loaded, recognised, parsed and chunked here, in the
+request; embedded later by the Celery worker.
+"""
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from django.conf import settings
+
+from kb.errors import ErrorCode, KBError
+from kb.ingestion.formats import ParsedDocument, detect_content_type, parse
+from kb.ingestion.sources import (
+    LoadedSource,
+    SkippedSource,
+    confine,
+    fetch_url,
+    file_path_of,
+    is_local_path_uri,
+    iter_files,
+    load_data_uri,
+    source_hash,
+)
+from kb.models import Collection, Document
+from kb.selectors import document_get
+from kb.services.documents import StoredDocument, document_save, drafts_from_chunks
+
+ItemOutcome = Literal["created", "updated", "unchanged", "failed"]
+
+
+@dataclass(frozen=True)
+class IngestItem:
+    source_uri: str
+    outcome: ItemOutcome
+    document: Document | None = None
+    error: KBError | None = None
+    chunks_reused: int = 0
+
+
+@dataclass
+class IngestReport:
+    items: list[IngestItem] = field(default_factory=list)
+
+    def count(self, outcome: ItemOutcome) -> int:
+        return sum(1 for item in self.items if item.outcome == outcome)
+
+    @property
+    def documents(self) -> list[Document]:
+        return [item.document for item in self.items if item.document is not None]
+
+    @property
+    def failed(self) -> list[IngestItem]:
+        return [item for item in self.items if item.outcome == "failed"]
+
+
+@dataclass(frozen=True)
+class ChunkInput:
+    """A chunk made by the caller (SciRAG's store_document_chunks)."""
+
+    index: int
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def command_line_file_roots() -> list[Path]:
+    """file:// roots for local callers (commands, stdio MCP): KB_FILE_ROOTS, else the current directory."""
+    return [Path(root) for root in settings.KB_FILE_ROOTS] or [Path.cwd()]
+
+
+def network_file_roots() -> list[Path]:
+    """file:// roots for callers over the network (HTTP API and MCP): only KB_FILE_ROOTS."""
+    return [Path(root) for root in settings.KB_FILE_ROOTS]
+
+
+def document_ingest(
+    *,
+    collection: Collection,
+    uri: str,
+    file_roots: Sequence[Path],
+    content_type: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    title: str | None = None,
+    recursive: bool = True,
+    force: bool = False,
+    on_item: Callable[[IngestItem], None] | None = None,
+) -> IngestReport:
+    """Ingest what ``uri`` names. A single source raises its error; a directory reports each file."""
+    uri = (uri or "").strip()
+    _check_metadata(metadata)
+    options = {"content_type": content_type, "metadata": metadata, "title": title, "force": force}
+    if uri.startswith("data:"):
+        sources: Iterable[LoadedSource | SkippedSource] = [load_data_uri(uri)]
+    elif uri.startswith(("http://", "https://")):
+        sources = [fetch_url(uri)]
+    elif uri and is_local_path_uri(uri):
+        if confine(file_path_of(uri), file_roots).is_dir():
+            return _ingest_many(collection, iter_files(uri, roots=file_roots, recursive=recursive), options, on_item)
+        sources = iter_files(uri, roots=file_roots, recursive=False)
+    else:
+        raise KBError(
+            ErrorCode.INVALID_URI, f"Cannot ingest {uri[:200]!r}: use a file:// path, an http(s):// URL or a data: URI"
+        )
+    report = IngestReport()
+    for source in sources:
+        assert isinstance(source, LoadedSource)  # single sources raise rather than skip
+        stored = ingest_loaded(collection=collection, source=source, **options)
+        report.items.append(_item(stored))
+        if on_item:
+            on_item(report.items[-1])
+    return report
+
+
+def _ingest_many(
+    collection: Collection,
+    sources: Iterable[LoadedSource | SkippedSource],
+    options: dict[str, Any],
+    on_item: Callable[[IngestItem], None] | None,
+) -> IngestReport:
+    report = IngestReport()
+    for source in sources:
+        if isinstance(source, SkippedSource):
+            item = IngestItem(source_uri=source.source_uri, outcome="failed", error=source.error)
+        else:
+            try:
+                item = _item(ingest_loaded(collection=collection, source=source, **options))
+            except KBError as error:
+                item = IngestItem(source_uri=source.source_uri, outcome="failed", error=error)
+        report.items.append(item)
+        if on_item:
+            on_item(item)
+    return report
+
+
+def document_ingest_upload(
+    *,
+    collection: Collection,
+    filename: str,
+    data: bytes,
+    content_type: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> StoredDocument:
+    """An uploaded file; its source URI is ``upload://<filename>``, so uploading it again updates it."""
+    name = Path(filename or "").name
+    if not name:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "An uploaded file needs a name")
+    if len(data) > settings.KB_MAX_DOCUMENT_BYTES:
+        raise KBError(
+            ErrorCode.LOAD_FAILED,
+            f"{name} is {len(data)} bytes; the limit is {settings.KB_MAX_DOCUMENT_BYTES} (KB_MAX_DOCUMENT_BYTES)",
+        )
+    _check_metadata(metadata)
+    source = LoadedSource(source_uri=f"upload://{name}", data=data, filename=name)
+    return ingest_loaded(collection=collection, source=source, content_type=content_type, metadata=metadata)
+
+
+def ingest_loaded(
+    *,
+    collection: Collection,
+    source: LoadedSource,
+    content_type: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    title: str | None = None,
+    force: bool = False,
+) -> StoredDocument:
+    detected = detect_content_type(
+        data=source.data, filename=source.filename, mime_type=source.mime_type, override=content_type
+    )
+    parsed = parse(source.data, content_type=detected, filename=source.filename)
+    if title:
+        parsed = replace(parsed, title=title)
+    return document_save(
+        collection=collection,
+        source_uri=source.source_uri,
+        parsed=parsed,
+        source_hash=source_hash(source.data, detected),
+        size_bytes=len(source.data),
+        metadata={**source.metadata, **(metadata or {})},
+        force=force,
+    )
+
+
+def document_store_chunks(
+    *,
+    collection: Collection,
+    source_uri: str,
+    chunks: Sequence[ChunkInput],
+    title: str = "",
+    metadata: dict[str, Any] | None = None,
+) -> StoredDocument:
+    """Store caller-made chunks as given. Chunks of the same source stored earlier are kept,
+    except those with an index given again, which are replaced (batches can be sent one by one)."""
+    if not chunks:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "No chunks to store")
+    for chunk in chunks:
+        if not chunk.text.strip():
+            raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk {chunk.index} has no text")
+        if chunk.index < 0:
+            raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk index {chunk.index} is negative")
+    _check_metadata(metadata)
+    by_index = _existing_chunks(collection, source_uri)
+    by_index.update({chunk.index: (chunk.text, chunk.metadata) for chunk in chunks})
+    text, drafts = drafts_from_chunks([(index, *by_index[index]) for index in sorted(by_index)])
+    parsed = ParsedDocument(text=text, content_type="plain_text", title=title, metadata={})
+    return document_save(
+        collection=collection,
+        source_uri=source_uri,
+        parsed=parsed,
+        source_hash=source_hash(text.encode("utf-8"), "chunks"),
+        size_bytes=len(text.encode("utf-8")),
+        metadata=metadata,
+        drafts=drafts,
+    )
+
+
+def _existing_chunks(collection: Collection, source_uri: str) -> dict[int, tuple[str, dict[str, Any]]]:
+    document = Document.objects.filter(collection=collection, source_uri=source_uri).first()
+    if document is None:
+        return {}
+    stored = document.chunks.values_list("index", "content", "metadata")
+    return {index: (content, chunk_metadata or {}) for index, content, chunk_metadata in stored}
+
+
+def document_reingest(*, doc_id: str, file_roots: Sequence[Path]) -> StoredDocument:
+    """Load a document again from its source and re-chunk it with the collection's current settings.
+
+    Sources that cannot be read again (uploads, data: URIs, text and caller chunks) are re-chunked
+    from the stored text.
+    """
+    document = document_get(doc_id=doc_id)
+    uri = document.source_uri
+    if uri.startswith(("http://", "https://")):
+        source = fetch_url(uri)
+    elif uri.startswith("file://"):
+        (source,) = iter_files(uri, roots=file_roots, recursive=False)
+    else:
+        parsed = ParsedDocument(text=document.raw_content, content_type=document.content_type, title=document.title)
+        return document_save(
+            collection=document.collection,
+            source_uri=uri,
+            parsed=parsed,
+            source_hash=document.content_hash,
+            size_bytes=document.size_bytes,
+            metadata=document.metadata,
+            force=True,
+        )
+    return ingest_loaded(collection=document.collection, source=source, content_type=document.content_type, force=True)
+
+
+def _item(stored: StoredDocument) -> IngestItem:
+    return IngestItem(
+        source_uri=stored.document.source_uri,
+        outcome=stored.outcome,
+        document=stored.document,
+        chunks_reused=stored.chunks_reused,
+    )
+
+
+def _check_metadata(metadata: Any) -> None:
+    if metadata is not None and not isinstance(metadata, dict):
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "metadata must be a JSON object")

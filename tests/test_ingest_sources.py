@@ -1,0 +1,286 @@
+"""document_ingest from folders, files, data: URIs and uploads: formats, chunks, updates."""
+
+import base64
+import os
+import threading
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+from kb.errors import ErrorCode, KBError
+from kb.models import Chunk, Document, DocumentStatus, Embedding
+from kb.services.collections import collection_create
+from kb.services.ingest import ChunkInput, document_ingest, document_ingest_upload, document_store_chunks
+from tests.support.documents import MARKDOWN, PYTHON, make_pdf, write_mixed_folder
+
+
+@pytest.fixture
+def collection(db):
+    return collection_create(name="docs")
+
+
+def ingest(collection, uri, roots, **options):
+    return document_ingest(collection=collection, uri=str(uri), file_roots=[Path(r) for r in roots], **options)
+
+
+def embed_everything(collection) -> None:
+    """Vectors for every chunk, as the worker would store them (the worker itself is tested elsewhere)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at) "
+            "SELECT c.id, %s, c.collection_id, array_fill(0.1, ARRAY[384])::vector, now() FROM kb_chunk c "
+            "WHERE c.collection_id = %s ON CONFLICT DO NOTHING",
+            [collection.embedding_model_id, collection.pk],
+        )
+
+
+def test_a_folder_of_mixed_files_becomes_one_document_per_file(collection, tmp_path):
+    types = write_mixed_folder(tmp_path / "docs")
+    report = ingest(collection, (tmp_path / "docs").as_uri(), [tmp_path])
+    assert report.failed == []
+    assert report.count("created") == len(types)
+    by_name = {Path(doc.source_uri).name: doc for doc in Document.objects.all()}
+    assert {name: doc.content_type for name, doc in by_name.items()} == {Path(n).name: t for n, t in types.items()}
+    for document in by_name.values():
+        assert document.status == DocumentStatus.PENDING
+        chunks = list(document.chunks.order_by("index"))
+        assert chunks and document.chunk_count == len(chunks)
+        lines = document.raw_content.split("\n")
+        for chunk in chunks:
+            # A chunk's line range points at the lines of the stored text that hold it.
+            span = "\n".join(lines[chunk.line_start - 1 : chunk.line_end])
+            assert chunk.content.strip() in span
+            assert chunk.token_count > 0
+    pdf = by_name["paper.pdf"]
+    assert pdf.metadata["page_count"] == 2 and pdf.metadata["author"] == "Smith" and pdf.title == "Wings"
+    assert {chunk.page for chunk in pdf.chunks.all()} == {1, 2}
+    assert by_name["report.docx"].metadata["author"] == "Lee"
+    assert "Privacy policy" not in by_name["notes.html"].raw_content  # main content, not the footer
+    assert by_name["guide.md"].metadata["file_size"] == len(MARKDOWN.encode())
+
+
+def test_running_it_again_changes_nothing(collection, tmp_path):
+    write_mixed_folder(tmp_path / "docs")
+    ingest(collection, tmp_path / "docs", [tmp_path])
+    before = dict(Chunk.objects.values_list("id", "content_hash"))
+    again = ingest(collection, tmp_path / "docs", [tmp_path])
+    assert again.count("unchanged") == len(again.items) and again.failed == []
+    assert dict(Chunk.objects.values_list("id", "content_hash")) == before
+
+
+def test_editing_a_file_updates_it_in_place_and_reuses_unchanged_chunk_vectors(db, tmp_path):
+    collection = collection_create(name="small", chunk_max_tokens=200, chunk_min_tokens=0)
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    sections = [f"## Section {n}\n\n" + f"Paragraph {n} explains topic {n} in detail. " * 15 for n in range(4)]
+    (folder / "long.md").write_text("# Manual\n\n" + "\n\n".join(sections))
+    first = ingest(collection, folder / "long.md", [tmp_path]).items[0].document
+    assert first.chunk_count >= 3
+    embed_everything(collection)
+    sections[2] = "## Section 2\n\nThis section was rewritten entirely."
+    (folder / "long.md").write_text("# Manual\n\n" + "\n\n".join(sections))
+    item = ingest(collection, folder / "long.md", [tmp_path]).items[0]
+    assert item.outcome == "updated" and item.document.pk == first.pk
+    assert Document.objects.count() == 1
+    document = Document.objects.get()
+    missing = Chunk.objects.filter(document=document).exclude(embeddings__isnull=False)
+    assert item.chunks_reused == document.chunk_count - missing.count() >= 2
+    assert [chunk.content for chunk in missing] == [
+        c.content for c in document.chunks.all() if "rewritten" in c.content
+    ]
+    assert document.embedded_count == item.chunks_reused
+    assert document.status == DocumentStatus.PENDING  # only the changed chunk waits for the worker
+
+
+def test_a_single_file_can_be_given_as_a_bare_path_with_a_content_type_override(collection, tmp_path):
+    (tmp_path / "snippet.txt").write_text(PYTHON)
+    item = ingest(collection, str(tmp_path / "snippet.txt"), [tmp_path], content_type="python").items[0]
+    assert item.document.content_type == "python"
+    assert item.document.source_uri == (tmp_path / "snippet.txt").as_uri()
+
+
+def test_an_unknown_content_type_is_an_invalid_argument(collection, tmp_path):
+    (tmp_path / "a.txt").write_text("text")
+    with pytest.raises(KBError) as error:
+        ingest(collection, tmp_path / "a.txt", [tmp_path], content_type="cobol")
+    assert error.value.code == ErrorCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        'data:,fn main() { println!("Hello"); }',
+        "data:text/plain;charset=utf-8," + quote('fn main() { println!("Hello"); }'),
+        "data:text/plain;base64," + base64.b64encode(b'fn main() { println!("Hello"); }').decode(),
+    ],
+)
+def test_data_uris_are_decoded(collection, uri):
+    document = ingest(collection, uri, [], content_type="rust").items[0].document
+    assert document.raw_content == 'fn main() { println!("Hello"); }'
+    assert document.content_type == "rust"
+    assert document.source_uri.startswith("data:sha256,")
+    assert ingest(collection, uri, [], content_type="rust").items[0].outcome == "unchanged"
+
+
+@pytest.mark.parametrize(
+    ("uri", "code"),
+    [
+        ("data:text/plain;base64,not base64!", ErrorCode.INVALID_URI),
+        ("data:no-comma-here", ErrorCode.INVALID_URI),
+        ("gopher://example.org/file", ErrorCode.INVALID_URI),
+        ("", ErrorCode.INVALID_URI),
+        (
+            "data:application/octet-stream;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(64)).decode(),
+            ErrorCode.LOAD_FAILED,
+        ),
+    ],
+)
+def test_bad_uris_are_refused_and_nothing_is_stored(collection, uri, code):
+    with pytest.raises(KBError) as error:
+        ingest(collection, uri, [])
+    assert error.value.code == code
+    assert not Document.objects.exists()
+
+
+def test_a_data_uri_over_the_size_cap_is_refused_before_decoding(collection, settings):
+    settings.KB_DATA_URI_MAX_BYTES = 1024
+    with pytest.raises(KBError) as error:
+        ingest(collection, "data:," + "a" * 5000, [])
+    assert error.value.code == ErrorCode.LOAD_FAILED and "KB_DATA_URI_MAX_BYTES" in error.value.message
+
+
+def test_files_outside_the_roots_cannot_be_read(collection, tmp_path):
+    root = tmp_path / "data"
+    sibling = tmp_path / "data2"  # shares the prefix "data"
+    root.mkdir()
+    sibling.mkdir()
+    (sibling / "secret.md").write_text("# secret")
+    (root / "link.md").symlink_to(sibling / "secret.md")
+    (root / "ok.md").write_text("# fine")
+    attempts = [
+        sibling / "secret.md",
+        f"{root}/../data2/secret.md",
+        root / "link.md",
+        "file:///etc/passwd",
+    ]
+    for uri in attempts:
+        with pytest.raises(KBError) as error:
+            ingest(collection, uri, [root])
+        assert error.value.code == ErrorCode.INVALID_URI, uri
+        assert "outside" in error.value.message
+    with pytest.raises(KBError) as error:
+        ingest(collection, root / "ok.md", [])
+    assert "KB_FILE_ROOTS" in error.value.message
+    assert not Document.objects.exists()
+
+
+def test_a_directory_skips_links_that_escape_and_reports_them(collection, tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    (tmp_path / "outside.md").write_text("# outside")
+    (root / "escape.md").symlink_to(tmp_path / "outside.md")
+    (root / "inside.md").write_text("# inside")
+    report = ingest(collection, root, [root])
+    assert [item.outcome for item in report.items] == ["failed", "created"]
+    assert report.failed[0].error.code == ErrorCode.INVALID_URI
+    assert Document.objects.get().title == "inside"
+
+
+def test_binary_and_undecodable_files_are_refused_with_a_clear_error(collection, tmp_path):
+    (tmp_path / "image.md").write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(256))
+    (tmp_path / "noise.txt").write_bytes(bytes(range(256)) * 4)
+    for name, expected in (("image.md", "PNG image"), ("noise.txt", "binary")):
+        with pytest.raises(KBError) as error:
+            ingest(collection, tmp_path / name, [tmp_path])
+        assert error.value.code == ErrorCode.LOAD_FAILED
+        assert expected in error.value.message
+    assert not Document.objects.exists()
+
+
+def test_latin1_text_is_decoded(collection, tmp_path):
+    (tmp_path / "old.txt").write_bytes(
+        "Café crème brûlée, déjà vu. Ça va très bien, merci beaucoup.\n".encode("latin-1")
+    )
+    document = ingest(collection, tmp_path / "old.txt", [tmp_path]).items[0].document
+    assert "Café crème brûlée" in document.raw_content
+
+
+def test_files_over_the_size_limit_are_refused(collection, tmp_path, settings):
+    settings.KB_MAX_DOCUMENT_BYTES = 2048
+    (tmp_path / "big.txt").write_text("word " * 1000)
+    with pytest.raises(KBError) as error:
+        ingest(collection, tmp_path / "big.txt", [tmp_path])
+    assert error.value.code == ErrorCode.LOAD_FAILED and "KB_MAX_DOCUMENT_BYTES" in error.value.message
+
+
+def test_malformed_json_and_yaml_are_refused(collection, tmp_path):
+    (tmp_path / "bad.json").write_text('{"a": 1,,}')
+    (tmp_path / "bad.yaml").write_text("key: [unclosed\n")
+    for name in ("bad.json", "bad.yaml"):
+        with pytest.raises(KBError) as error:
+            ingest(collection, tmp_path / name, [tmp_path])
+        assert error.value.code == ErrorCode.LOAD_FAILED
+    assert not Document.objects.exists()
+
+
+def test_uploads_are_documents_that_a_second_upload_updates(collection):
+    first = document_ingest_upload(collection=collection, filename="notes.md", data=b"# Notes\n\nfirst version\n")
+    second = document_ingest_upload(collection=collection, filename="notes.md", data=b"# Notes\n\nsecond version\n")
+    assert first.document.source_uri == "upload://notes.md"
+    assert (second.outcome, second.document.pk) == ("updated", first.document.pk)
+    pdf = document_ingest_upload(collection=collection, filename="p.pdf", data=make_pdf(["Hello pdf"]))
+    assert pdf.document.content_type == "pdf"
+
+
+def test_caller_chunks_are_stored_as_given_and_later_batches_merge(collection):
+    stored = document_store_chunks(
+        collection=collection,
+        source_uri="paper.pdf",
+        chunks=[ChunkInput(index=0, text="First paragraph.", metadata={"page": 1, "author": "Smith"}),
+                ChunkInput(index=1, text="Second paragraph.", metadata={"page": 1})],
+    )  # fmt: skip
+    assert [(c.index, c.content, c.metadata) for c in stored.document.chunks.order_by("index")] == [
+        (0, "First paragraph.", {"page": 1, "author": "Smith"}),
+        (1, "Second paragraph.", {"page": 1}),
+    ]
+    more = document_store_chunks(
+        collection=collection,
+        source_uri="paper.pdf",
+        chunks=[ChunkInput(index=1, text="Second paragraph, corrected."), ChunkInput(index=2, text="Third.")],
+    )
+    assert more.document.pk == stored.document.pk
+    assert list(more.document.chunks.order_by("index").values_list("index", "content")) == [
+        (0, "First paragraph."),
+        (1, "Second paragraph, corrected."),
+        (2, "Third."),
+    ]
+
+
+def test_two_concurrent_ingests_of_one_source_end_in_one_document(transactional_db, tmp_path):
+    collection = collection_create(name="race")
+    (tmp_path / "same.md").write_text(MARKDOWN)
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            outcomes.append(ingest(collection, tmp_path / "same.md", [tmp_path]).items[0].outcome)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(outcomes) == ["created", "unchanged"]
+    assert Document.objects.count() == 1
+    assert Chunk.objects.count() == Document.objects.get().chunk_count
+    assert not Embedding.objects.exists()
