@@ -8,9 +8,10 @@ import logging
 
 from celery import shared_task
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from kb.embeddings import EmbeddingError
+from kb.errors import ErrorCode, KBError
 from kb.services import embedding
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,18 @@ def embed_document(document_id: str) -> str:
             logger.warning("embedding %s failed, will retry: %s", document_id, error.message)
             raise RetryableEmbeddingError(error.message) from None
         embedding.document_fail(doc_id=document_id, error=error)
+        return "failed"
+    except DatabaseError as error:
+        # Connection lost, failover...: give the document back and retry like a provider error.
+        logger.warning("embedding %s hit a database error, will retry: %s", document_id, error)
+        embedding.document_release(doc_id=document_id, error=EmbeddingError(f"database error: {error}", retryable=True))
+        raise RetryableEmbeddingError(str(error)) from None
+    except Exception as error:
+        # A bug must not leave the document "processing" forever: fail it with the reason.
+        logger.exception("embedding %s failed unexpectedly", document_id)
+        embedding.document_fail(
+            doc_id=document_id, error=KBError(ErrorCode.DATABASE_ERROR, f"Internal error while embedding: {error!r}")
+        )
         return "failed"
 
 

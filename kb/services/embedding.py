@@ -96,12 +96,12 @@ def _insert_vectors(model: EmbeddingModel, chunk_ids: list[int], vectors: list[l
         cursor.execute(
             """
             INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at)
-            SELECT c.id, %s, c.collection_id, v.vector, now()
-            FROM unnest(%s::bigint[], %s::vector[]) AS v(chunk_id, vector)
+            SELECT c.id, %s, c.collection_id, v.vector::vector, now()
+            FROM unnest(%s::bigint[], %s::text[]) AS v(chunk_id, vector)
             JOIN kb_chunk AS c ON c.id = v.chunk_id
             ON CONFLICT (chunk_id, model_id) DO NOTHING
             """,
-            [model.pk, chunk_ids, [Vector(vector) for vector in vectors]],
+            [model.pk, chunk_ids, [Vector(vector).to_text() for vector in vectors]],
         )
 
 

@@ -11,7 +11,7 @@ Route = Callable[[BaseHTTPRequestHandler, bytes], tuple[int, dict[str, str], byt
 
 
 @contextmanager
-def serve(routes: dict[str, Route], host: str = "127.0.0.1") -> Iterator[str]:
+def serve(routes: dict[str, Route], host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """Serve ``routes`` (path -> handler) on a free port; yields the base URL."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -31,7 +31,8 @@ def serve(routes: dict[str, Route], host: str = "127.0.0.1") -> Iterator[str]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer((host, 0), Handler)
+    ThreadingHTTPServer.allow_reuse_address = True
+    server = ThreadingHTTPServer((host, port), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -1,0 +1,71 @@
+"""Token-aware, structure-aware chunks with line ranges."""
+
+from kb.ingestion.chunking import ChunkSettings, chunk_text, count_tokens
+from kb.ingestion.formats import Page
+from tests.support.documents import PYTHON, RUST
+
+
+def lines_of(text: str, chunk) -> str:
+    return "\n".join(text.split("\n")[chunk.line_start - 1 : chunk.line_end])
+
+
+def test_markdown_is_split_at_headings_before_anything_else():
+    sections = [f"## Topic {n}\n\n" + f"Sentence about topic {n} and its details. " * 12 for n in range(5)]
+    text = "# Guide\n\n" + "\n\n".join(sections)
+    chunks = chunk_text(text, content_type="markdown", settings=ChunkSettings(max_tokens=150, min_tokens=0))
+    assert len(chunks) >= 5
+    for chunk in chunks[1:]:
+        assert chunk.content.startswith("## Topic"), chunk.content[:40]
+    for chunk in chunks:
+        assert chunk.token_count <= 150
+        assert chunk.content in lines_of(text, chunk)
+
+
+def test_code_is_split_at_functions_and_classes():
+    chunks = chunk_text(PYTHON, content_type="python", settings=ChunkSettings(max_tokens=64, min_tokens=0))
+    starts = [chunk.content.split("\n")[0] for chunk in chunks]
+    assert any(line.startswith("def retry") for line in starts)
+    assert any(line.startswith("class Backoff") for line in starts)
+    for chunk in chunks:
+        assert chunk.content in lines_of(PYTHON, chunk)
+    rust = chunk_text(RUST, content_type="rust", settings=ChunkSettings(max_tokens=48, min_tokens=0))
+    assert any(chunk.content.startswith("async fn handle_error") for chunk in rust)
+
+
+def test_prose_is_split_by_paragraphs_and_sentences_within_max_tokens():
+    text = "\n\n".join(f"Paragraph {n}. " + "The quick brown fox jumps over the lazy dog. " * 20 for n in range(6))
+    chunks = chunk_text(text, content_type="plain_text", settings=ChunkSettings(max_tokens=100, min_tokens=0))
+    assert all(chunk.token_count <= 100 for chunk in chunks)
+    assert all(chunk.content.rstrip().endswith(".") for chunk in chunks)  # no cut mid-sentence
+    assert [chunk.index for chunk in chunks] == list(range(len(chunks)))
+
+
+def test_small_chunks_are_joined_up_to_min_tokens():
+    text = "# A\n\nshort.\n\n# B\n\nalso short.\n\n# C\n\n" + "A longer section with many words in it. " * 10
+    merged = chunk_text(text, content_type="markdown", settings=ChunkSettings(max_tokens=200, min_tokens=50))
+    separate = chunk_text(text, content_type="markdown", settings=ChunkSettings(max_tokens=30, min_tokens=0))
+    assert len(merged) < len(separate)
+    assert merged[0].content.startswith("# A") and "# B" in merged[0].content
+
+
+def test_overlap_repeats_text_between_neighbours():
+    text = " ".join(f"Sentence number {n} says something." for n in range(80))
+    chunks = chunk_text(
+        text, content_type="plain_text", settings=ChunkSettings(max_tokens=60, min_tokens=0, overlap_tokens=15)
+    )
+    assert len(chunks) > 2
+    for first, second in zip(chunks, chunks[1:], strict=False):
+        assert first.content[-20:] in second.content or second.content[:20] in first.content
+
+
+def test_pages_are_never_crossed_and_are_recorded():
+    page_one, page_two = "First page text. " * 5, "Second page text. " * 5
+    text = page_one + "\n\n" + page_two
+    pages = [Page(1, 0, len(page_one)), Page(2, len(page_one) + 2, len(text))]
+    chunks = chunk_text(text, content_type="pdf", settings=ChunkSettings(max_tokens=512), pages=pages)
+    assert [(chunk.page, chunk.line_start, chunk.line_end) for chunk in chunks] == [(1, 1, 1), (2, 3, 3)]
+
+
+def test_token_counts_use_the_embedding_models_tokenizer_without_truncation():
+    assert count_tokens("hello world") == 2
+    assert count_tokens("word " * 1000) == 1000

@@ -1,0 +1,163 @@
+"""Embedding through a real Celery worker process on the default file-system broker."""
+
+import signal
+
+import pytest
+from django.db import connection
+from django.db.models import Count
+
+from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding
+from kb.services.collections import collection_create
+from kb.services.documents import document_create_from_text, document_mark_pending
+from kb.services.embedding import collection_switch_model
+from tests.conftest import free_port, start_worker, wait_for
+from tests.support.fake_providers import DIMENSIONS, fake_ollama, fake_openai
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+LONG_TEXT = "\n\n".join(
+    f"Section {n}. " + f"Wind tunnel measurement {n} of lift and drag at Mach {n}. " * 3 for n in range(120)
+)
+
+
+def status_of(document: Document) -> str:
+    document.refresh_from_db()
+    return document.status
+
+
+def wait_until_status(document: Document, status: str, worker, timeout: float = 180) -> None:
+    try:
+        wait_for(lambda: status_of(document) == status, timeout=timeout, what=f"{document.pk} to be {status}")
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}: status {document.status}, error {document.error!r}\n{worker.log()[-4000:]}"
+        ) from None
+
+
+def vectors_per_chunk(document: Document, model_id: int) -> list[int]:
+    counts = (
+        Embedding.objects.filter(chunk__document=document, model_id=model_id)
+        .values("chunk_id")
+        .annotate(n=Count("id"))
+        .values_list("n", flat=True)
+    )
+    return sorted(counts)
+
+
+def test_a_document_goes_from_pending_to_ready_with_every_chunk_embedded(celery_worker):
+    collection = collection_create(name="docs")
+    document = document_create_from_text(collection=collection, source_uri="note://x", text=LONG_TEXT).document
+    assert document.status == DocumentStatus.PENDING
+    # Keyword-searchable at once: the chunks and their full-text vectors exist before embedding.
+    assert Chunk.objects.filter(document=document, search_vector__isnull=False).count() == document.chunk_count
+    wait_until_status(document, DocumentStatus.READY, celery_worker)
+    assert document.embedded_count == document.chunk_count
+    assert vectors_per_chunk(document, collection.embedding_model_id) == [1] * document.chunk_count
+
+
+def test_killing_the_worker_mid_document_loses_nothing(tmp_path):
+    collection = collection_create(name="docs", chunk_max_tokens=24, chunk_min_tokens=0)
+    document = document_create_from_text(collection=collection, source_uri="note://long", text=LONG_TEXT).document
+    assert document.chunk_count > 150
+    quick_takeover = {"KB_EMBED_LEASE_SECONDS": "10", "KB_SWEEP_INTERVAL_SECONDS": "5", "EMBEDDING_BATCH_SIZE": "4"}
+    first = start_worker(tmp_path, extra_env=quick_takeover, name="doomed")
+    try:
+        wait_for(
+            lambda: 0 < Document.objects.get(pk=document.pk).embedded_count < document.chunk_count // 2,
+            timeout=120,
+            interval=0.05,
+            what="embedding to be under way",
+        )
+        first.kill(signal.SIGKILL)  # the worker and its pool child, mid-batch
+        first.process.wait()
+    finally:
+        first.stop()
+    assert status_of(document) == DocumentStatus.PROCESSING
+    second = start_worker(tmp_path, extra_env=quick_takeover, name="successor")
+    try:
+        wait_until_status(document, DocumentStatus.READY, second)
+    finally:
+        second.stop()
+    assert document.embedded_count == document.chunk_count
+    assert vectors_per_chunk(document, collection.embedding_model_id) == [1] * document.chunk_count
+
+
+def test_a_deleted_document_is_tolerated_by_its_task(celery_worker):
+    collection = collection_create(name="docs", chunk_max_tokens=24, chunk_min_tokens=0)
+    doomed = document_create_from_text(collection=collection, source_uri="note://gone", text=LONG_TEXT).document
+    Document.objects.filter(pk=doomed.pk).delete()
+    survivor = document_create_from_text(collection=collection, source_uri="note://kept", text="Short note.").document
+    wait_until_status(survivor, DocumentStatus.READY, celery_worker)
+    assert "Traceback" not in celery_worker.log()
+    assert not Embedding.objects.filter(chunk__document_id=doomed.pk).exists()
+
+
+@pytest.mark.parametrize("provider", ["ollama", "openai"])
+def test_remote_providers_embed_through_the_worker(tmp_path, provider):
+    fake = fake_ollama() if provider == "ollama" else fake_openai()
+    with fake as base:
+        env = {"OLLAMA_HOST": base} if provider == "ollama" else {"OPENAI_BASE_URL": base, "OPENAI_API_KEY": "sk-x"}
+        worker = start_worker(tmp_path, extra_env=env)
+        try:
+            collection = collection_create(name="remote", embedding_provider=provider, embedding_model="fake-embed")
+            document = document_create_from_text(collection=collection, source_uri="note://r", text=LONG_TEXT).document
+            wait_until_status(document, DocumentStatus.READY, worker)
+        finally:
+            worker.stop()
+    collection.embedding_model.refresh_from_db()
+    assert collection.embedding_model.dimensions == DIMENSIONS
+    assert vectors_per_chunk(document, collection.embedding_model_id) == [1] * document.chunk_count
+    with connection.cursor() as cursor:  # the model got its own HNSW index when its dimension was learnt
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+            [f"kb_embedding_hnsw_model_{collection.embedding_model_id}"],
+        )
+        assert f"vector({DIMENSIONS})" in cursor.fetchone()[0]
+
+
+def test_a_dead_backend_fails_the_document_readably_and_a_retry_recovers(tmp_path):
+    port = free_port()
+    env = {"OLLAMA_HOST": f"http://127.0.0.1:{port}", "EMBEDDING_MAX_RETRIES": "1", "EMBEDDING_TIMEOUT_SECONDS": "2"}
+    worker = start_worker(tmp_path, extra_env=env)
+    try:
+        collection = collection_create(name="remote", embedding_provider="ollama", embedding_model="fake-embed")
+        document = document_create_from_text(
+            collection=collection, source_uri="note://d", text="Some text to embed."
+        ).document
+        wait_until_status(document, DocumentStatus.FAILED, worker, timeout=120)
+        assert document.error_code == "EMBEDDING_ERROR"
+        assert f"127.0.0.1:{port} is unreachable" in document.error
+        assert Chunk.objects.filter(document=document).count() == document.chunk_count  # nothing half-written
+        assert not Embedding.objects.filter(chunk__document=document).exists()
+        with fake_ollama(port=port):
+            document_mark_pending(doc_id=document.pk)
+            wait_until_status(document, DocumentStatus.READY, worker)
+        assert document.error == ""
+    finally:
+        worker.stop()
+
+
+def test_changing_the_model_re_embeds_in_the_background_then_switches(tmp_path):
+    with fake_ollama() as base:
+        worker = start_worker(tmp_path, extra_env={"OLLAMA_HOST": base})
+        try:
+            collection = collection_create(name="switch")
+            document = document_create_from_text(collection=collection, source_uri="note://s", text=LONG_TEXT).document
+            wait_until_status(document, DocumentStatus.READY, worker)
+            old_model_id = collection.embedding_model_id
+            collection = collection_switch_model(collection=collection, provider="ollama", model_name="fake-embed")
+            # Until the new vectors are complete, search keeps the old model.
+            assert collection.embedding_model_id == old_model_id and collection.next_embedding_model is not None
+            new_model_id = collection.next_embedding_model_id
+            wait_for(
+                lambda: Collection.objects.get(pk=collection.pk).embedding_model_id == new_model_id,
+                timeout=120,
+                what="the collection to switch models",
+            )
+        finally:
+            worker.stop()
+    assert Collection.objects.get(pk=collection.pk).next_embedding_model is None
+    assert vectors_per_chunk(document, new_model_id) == [1] * document.chunk_count
+    assert vectors_per_chunk(document, old_model_id) == [1] * document.chunk_count
+    document.refresh_from_db()
+    assert (document.status, document.embedded_count) == (DocumentStatus.READY, document.chunk_count)
