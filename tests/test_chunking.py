@@ -1,5 +1,7 @@
 """Token-aware, structure-aware chunks with line ranges."""
 
+import itertools
+
 from kb.ingestion.chunking import ChunkSettings, chunk_text, count_tokens
 from kb.ingestion.formats import Page
 from tests.support.documents import PYTHON, RUST
@@ -54,7 +56,7 @@ def test_overlap_repeats_text_between_neighbours():
         text, content_type="plain_text", settings=ChunkSettings(max_tokens=60, min_tokens=0, overlap_tokens=15)
     )
     assert len(chunks) > 2
-    for first, second in zip(chunks, chunks[1:], strict=False):
+    for first, second in itertools.pairwise(chunks):
         assert first.content[-20:] in second.content or second.content[:20] in first.content
 
 
