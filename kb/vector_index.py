@@ -17,9 +17,10 @@ def hnsw_index_name(model: EmbeddingModel) -> str:
     return f"kb_embedding_hnsw_model_{model.pk}"
 
 
-def vector_expression(model: EmbeddingModel) -> str:
-    """The SQL expression the model's index is built on; queries must use it verbatim."""
-    return f"(vector::vector({int(model.dimensions or 0)}))"
+def vector_expression(model: EmbeddingModel, alias: str = "") -> str:
+    """The SQL expression the model's index is built on; queries must use the same one."""
+    column = f"{alias}.vector" if alias else "vector"
+    return f"({column}::vector({int(model.dimensions or 0)}))"
 
 
 def ensure_hnsw_index(model: EmbeddingModel) -> None:

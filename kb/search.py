@@ -1,0 +1,593 @@
+"""Search: BM25 keyword ranking and pgvector similarity, fused with weighted Reciprocal Rank Fusion.
+
+One service for every front door (admin playground, API, MCP, ``kb_search``):
+
+- ``keyword``: Okapi BM25 over the postings the database maintains (kb/migrations/0002), with
+  the collection statistics of exactly the collections searched. Exact, with MaxScore-style
+  pruning: the rare terms are scored over their whole posting lists, the common ones only for
+  the candidates, and the pruning is undone whenever it could change the top results.
+- ``semantic``: cosine similarity with the HNSW index of each collection's embedding model,
+  iterative index scans so that filtered queries still fill ``top_k``; an exact scan when a
+  filter leaves few chunks.
+- ``hybrid`` (default): both lists, each ``candidate_depth`` deep, fused with weighted RRF:
+  ``score = 2w/(k + vector_rank) + 2(1-w)/(k + keyword_rank)``, so equal weights give the
+  classic RRF value.
+
+Filters fail closed: an unknown collection is an error, an empty list of documents matches
+nothing, an unknown operator is INVALID_ARGUMENT.
+"""
+
+import math
+import threading
+from collections import OrderedDict, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from django.conf import settings
+from django.db import connection, transaction
+from pgvector import Vector
+
+from kb.embeddings import EmbeddingError, embed_texts
+from kb.errors import ErrorCode, KBError
+from kb.ingestion.formats import CONTENT_TYPES
+from kb.models import Collection, EmbeddingModel
+from kb.vector_index import vector_expression
+
+Mode = Literal["hybrid", "semantic", "keyword"]
+MODES = ("hybrid", "semantic", "keyword")
+METADATA_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in")
+# Below this many chunks left by a filter, an exact vector scan beats walking the HNSW graph.
+EXACT_SCAN_LIMIT = 5000
+MIN_CANDIDATE_DEPTH = 100
+# Postings read in full before the remaining (common) query terms are only looked up.
+POSTINGS_BUDGET = 20000
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    rank: int
+    score: float
+    similarity: float | None
+    vector_rank: int | None
+    keyword_rank: int | None
+    keyword_score: float | None
+    chunk_id: int
+    content: str
+    document_id: str
+    source_uri: str
+    title: str
+    content_type: str
+    collection: str
+    chunk_index: int
+    line_start: int
+    line_end: int
+    page: int | None
+    token_count: int
+    metadata: dict[str, Any]
+    chunk_metadata: dict[str, Any]
+
+    @property
+    def lines(self) -> str:
+        return f"{self.line_start}-{self.line_end}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "lines": self.lines}
+
+
+@dataclass(frozen=True)
+class SearchResponse:
+    query: str
+    mode: Mode
+    semantic_weight: float
+    results: list[SearchResult]
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Restrictions on the chunks searched; every one narrows, none widens."""
+
+    collection_ids: tuple[int, ...]
+    document_ids: tuple[str, ...] | None = None
+    content_types: tuple[str, ...] | None = None
+    metadata: tuple[tuple[str, str, Any], ...] = ()
+
+    @property
+    def narrows_documents(self) -> bool:
+        return self.document_ids is not None or self.content_types is not None or bool(self.metadata)
+
+    def sql(self, document_alias: str) -> tuple[str, list[Any]]:
+        """A WHERE fragment over kb_document (aliased) for the document-level filters."""
+        clauses, params = ["TRUE"], []
+        if self.document_ids is not None:
+            clauses.append(f"{document_alias}.id = ANY(%s)")
+            params.append(list(self.document_ids))
+        if self.content_types is not None:
+            clauses.append(f"{document_alias}.content_type = ANY(%s)")
+            params.append(list(self.content_types))
+        for key, operator, value in self.metadata:
+            clause, clause_params = _metadata_clause(f"{document_alias}.metadata", key, operator, value)
+            clauses.append(clause)
+            params.extend(clause_params)
+        return " AND ".join(clauses), params
+
+
+def search(
+    *,
+    query: str,
+    collections: Sequence[str] | None = None,
+    top_k: int = 10,
+    mode: str = "hybrid",
+    semantic_weight: float | None = None,
+    min_score: float | None = None,
+    min_similarity: float | None = None,
+    document_ids: Sequence[str] | None = None,
+    content_types: Sequence[str] | None = None,
+    metadata: dict[str, Any] | None = None,
+    candidate_depth: int | None = None,
+) -> SearchResponse:
+    query = (query or "").strip()
+    if not query:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "The query is empty")
+    if not 1 <= top_k <= 100:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "top_k must be between 1 and 100")
+    if mode not in MODES:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"mode must be one of {', '.join(MODES)}")
+    if semantic_weight is not None and not 0.0 <= semantic_weight <= 1.0:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "semantic_weight must be between 0.0 and 1.0")
+    if min_similarity is not None and not -1.0 <= min_similarity <= 1.0:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "min_similarity must be between -1.0 and 1.0")
+    targets = _collections(collections)
+    filters = Filters(
+        collection_ids=tuple(collection.pk for collection in targets),
+        document_ids=None if document_ids is None else tuple(str(doc) for doc in document_ids),
+        content_types=None if content_types is None else tuple(_content_types(content_types)),
+        metadata=tuple(_parse_metadata_filter(metadata or {})),
+    )
+    weight = _weight(semantic_weight, targets, mode)
+    depth = max(candidate_depth or 0, top_k if mode != "hybrid" else max(MIN_CANDIDATE_DEPTH, 3 * top_k))
+    warnings: list[str] = []
+    if not targets:
+        return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=[])
+
+    with transaction.atomic():  # SET LOCAL needs a transaction; one snapshot for both halves
+        keyword_hits: list[tuple[int, float]] = []
+        vector_hits: dict[int, tuple[int, float]] = {}
+        if mode in ("keyword", "hybrid") and weight < 1.0:
+            keyword_hits = bm25_search(query, filters, depth)
+        if mode in ("semantic", "hybrid") and weight > 0.0:
+            try:
+                vector_hits = _vector_search(query, targets, filters, depth)
+            except EmbeddingError as error:
+                if mode == "semantic":
+                    raise
+                warnings.append(f"Semantic search unavailable, keyword results only: {error.message}")
+        fused = _fuse(keyword_hits, vector_hits, weight, mode)
+        similarities = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
+        if min_similarity is not None or (mode == "hybrid" and vector_hits):
+            # Chunks found only by keyword still get their similarity (the query is embedded already).
+            wanted = fused if min_similarity is not None else fused[:top_k]
+            similarities.update(_similarities(query, targets, [c for c, _ in wanted if c not in similarities]))
+        selected = [
+            (chunk_id, score)
+            for chunk_id, score in fused
+            if (min_score is None or score >= min_score)
+            and (min_similarity is None or (similarities.get(chunk_id) is not None and similarities[chunk_id] >= min_similarity))
+        ][:top_k]
+        results = _results(selected, keyword_hits, vector_hits, similarities)
+    return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=results, warnings=warnings)
+
+
+# --- arguments -------------------------------------------------------------------------------
+
+
+def _collections(names: Sequence[str] | None) -> list[Collection]:
+    queryset = Collection.objects.select_related("embedding_model")
+    if names is None:
+        return list(queryset.order_by("pk"))
+    names = [names] if isinstance(names, str) else list(names)
+    found = {collection.name: collection for collection in queryset.filter(name__in=names)}
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {', '.join(missing)}")
+    return [found[name] for name in dict.fromkeys(names)]
+
+
+def _content_types(content_types: Sequence[str]) -> list[str]:
+    unknown = [kind for kind in content_types if kind not in CONTENT_TYPES]
+    if unknown:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"Unknown content type(s) in filter: {', '.join(unknown)}")
+    return list(content_types)
+
+
+def _weight(requested: float | None, targets: list[Collection], mode: str) -> float:
+    if mode == "keyword":
+        return 0.0
+    if mode == "semantic":
+        return 1.0
+    if requested is not None:
+        return requested
+    if len(targets) == 1 and targets[0].semantic_weight is not None:
+        return targets[0].semantic_weight
+    return settings.KB_SEMANTIC_WEIGHT
+
+
+def _parse_metadata_filter(metadata: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """``{"author": "Smith", "year": {"$gte": 2020}, "lang": {"$in": ["en", "de"]}}``."""
+    if not isinstance(metadata, dict):
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "The metadata filter must be an object")
+    conditions = []
+    for key, condition in metadata.items():
+        if not isinstance(key, str) or not key:
+            raise KBError(ErrorCode.INVALID_ARGUMENT, "Metadata filter keys must be non-empty strings")
+        operators = condition if isinstance(condition, dict) else {"$eq": condition}
+        if not operators:
+            raise KBError(ErrorCode.INVALID_ARGUMENT, f"The filter on {key!r} has no condition")
+        for operator, value in operators.items():
+            if operator not in METADATA_OPERATORS:
+                raise KBError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"Unknown filter operator {operator!r} on {key!r}; use one of {', '.join(METADATA_OPERATORS)}",
+                )
+            if operator == "$in" and not isinstance(value, list):
+                raise KBError(ErrorCode.INVALID_ARGUMENT, f"$in on {key!r} needs a list")
+            if operator in ("$gt", "$gte", "$lt", "$lte") and (
+                isinstance(value, bool) or not isinstance(value, int | float | str)
+            ):
+                raise KBError(ErrorCode.INVALID_ARGUMENT, f"{operator} on {key!r} needs a number or a string")
+            conditions.append((key, operator, value))
+    return conditions
+
+
+def _metadata_clause(column: str, key: str, operator: str, value: Any) -> tuple[str, list[Any]]:
+    import json
+
+    field = f"({column} -> %s)"
+    if operator == "$eq":
+        return f"{field} = %s::jsonb", [key, json.dumps(value)]
+    if operator == "$ne":
+        return f"({field} IS NOT NULL AND {field} <> %s::jsonb)", [key, key, json.dumps(value)]
+    if operator == "$in":
+        return f"{field} = ANY(%s::jsonb[])", [key, [json.dumps(item) for item in value]]
+    comparison = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}[operator]
+    if isinstance(value, str):  # strings (ISO dates too) compare as text, and only with strings
+        return (
+            f"(jsonb_typeof({field}) = 'string' AND ({column} ->> %s) {comparison} %s)",
+            [key, key, value],
+        )
+    return (
+        f"(jsonb_typeof({field}) = 'number' AND ({column} ->> %s)::numeric {comparison} %s)",
+        [key, key, value],
+    )
+
+
+# --- BM25 ------------------------------------------------------------------------------------
+
+
+def query_terms(query: str) -> dict[str, int]:
+    """Stemmed query terms with their counts (a repeated term counts repeatedly)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT lexeme, coalesce(array_length(positions, 1), 1) FROM unnest(to_tsvector('english', %s))",
+            [query],
+        )
+        return dict(cursor.fetchall())
+
+
+def bm25_search(query: str, filters: Filters, depth: int) -> list[tuple[int, float]]:
+    """The ``depth`` best chunks by Okapi BM25 (Lucene's idf), best first."""
+    terms = query_terms(query)
+    if not terms or not filters.collection_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(sum(chunk_count), 0)::float8, coalesce(sum(total_length), 0)::float8 FROM kb_collection_stats "
+            "WHERE collection_id = ANY(%s)",
+            [list(filters.collection_ids)],
+        )
+        chunk_total, length_total = cursor.fetchone()
+        if not chunk_total:
+            return []
+        cursor.execute(
+            "SELECT term, sum(df)::float8 FROM kb_term_stats WHERE collection_id = ANY(%s) AND term = ANY(%s) GROUP BY term",
+            [list(filters.collection_ids), list(terms)],
+        )
+        frequencies = dict(cursor.fetchall())
+    weights = {
+        term: count * math.log(1 + (chunk_total - frequencies[term] + 0.5) / (frequencies[term] + 0.5))
+        for term, count in terms.items()
+        if frequencies.get(term)
+    }
+    if not weights:
+        return []
+    scorer = _BM25Scorer(filters, weights, frequencies, avgdl=length_total / chunk_total)
+    return scorer.top(depth)
+
+
+@dataclass
+class _BM25Scorer:
+    """Exact top-k BM25 with MaxScore-style pruning.
+
+    Terms are taken rarest first into the *essential* set until the postings read reach a
+    budget. Only chunks holding an essential term are candidates; the other terms' weights are
+    added for the best candidates by index look-ups. A chunk outside the candidates scores at
+    most the sum of the other terms' upper bounds (a term adds less than its idf weight), and a
+    candidate below the look-up cut at most its partial score plus that sum: when either could
+    reach the k-th best score, the next term becomes essential and the query runs again.
+    """
+
+    filters: Filters
+    weights: dict[str, float]
+    frequencies: dict[str, int]
+    avgdl: float
+
+    def top(self, depth: int) -> list[tuple[int, float]]:
+        ordered = sorted(self.weights, key=lambda term: self.frequencies[term])
+        essential_count = 1
+        read = self.frequencies[ordered[0]]
+        while essential_count < len(ordered) and read + self.frequencies[ordered[essential_count]] <= POSTINGS_BUDGET:
+            read += self.frequencies[ordered[essential_count]]
+            essential_count += 1
+        while True:
+            essential, rest = ordered[:essential_count], ordered[essential_count:]
+            result = self._attempt(essential, rest, depth)
+            if result is not None:
+                return result
+            essential_count += 1
+
+    def _attempt(self, essential: list[str], rest: list[str], depth: int) -> list[tuple[int, float]] | None:
+        rest_bound = sum(self.weights[term] for term in rest)
+        partial = self._score(essential, chunk_ids=None)
+        if not rest:
+            return sorted(partial.items(), key=lambda item: -item[1])[:depth]
+        ranked = sorted(partial.items(), key=lambda item: -item[1])
+        cut = max(depth * 4, 200)
+        probed, unprobed = ranked[:cut], ranked[cut:]
+        full = dict(probed)
+        for chunk_id, extra in self._score(rest, chunk_ids=[chunk_id for chunk_id, _ in probed]).items():
+            full[chunk_id] += extra
+        best = sorted(full.items(), key=lambda item: -item[1])[:depth]
+        threshold = best[-1][1] if len(best) == depth else 0.0
+        outsiders_could_win = rest_bound > threshold or (unprobed and unprobed[0][1] + rest_bound > threshold)
+        return None if outsiders_could_win else best
+
+    def _score(self, terms: list[str], chunk_ids: list[int] | None) -> dict[int, float]:
+        """Sum of the BM25 contributions of ``terms`` per chunk (only ``chunk_ids`` when given)."""
+        k1, b = settings.KB_BM25_K1, settings.KB_BM25_B
+        params: list[Any] = [list(terms), [self.weights[term] for term in terms]]
+        restrict = ""
+        if chunk_ids is not None:
+            restrict = "AND p.chunk_id = ANY(%s)"
+        allowed, allowed_params = self._allowed_join()
+        sql = f"""
+            SELECT p.chunk_id, sum(q.weight * p.tf / (p.tf + %s * (1 - %s + %s * p.chunk_length / %s)))
+            FROM unnest(%s::text[], %s::float8[]) AS q(term, weight)
+            JOIN kb_posting p ON p.collection_id = ANY(%s) AND p.term = q.term {restrict}
+            {allowed}
+            GROUP BY p.chunk_id
+        """
+        params = [k1, b, b, self.avgdl, *params, list(self.filters.collection_ids)]
+        if chunk_ids is not None:
+            params.append(chunk_ids)
+        params.extend(allowed_params)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return dict(cursor.fetchall())
+
+    def _allowed_join(self) -> tuple[str, list[Any]]:
+        if not self.filters.narrows_documents:
+            return "", []
+        where, params = self.filters.sql("d")
+        return f"JOIN kb_chunk c ON c.id = p.chunk_id JOIN kb_document d ON d.id = c.document_id AND {where}", params
+
+
+# --- vectors ---------------------------------------------------------------------------------
+
+
+class _QueryEmbeddingCache:
+    """LRU of query vectors per (provider, model, query): repeated queries are not re-embedded."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str, str], list[float]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def vector(self, model: EmbeddingModel, query: str) -> list[float]:
+        key = (model.provider, model.name, query)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return self._items[key]
+        vector = embed_texts(model.provider, model.name, [query])[0]
+        with self._lock:
+            self.misses += 1
+            self._items[key] = vector
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return vector
+
+
+query_embeddings = _QueryEmbeddingCache(settings.KB_QUERY_CACHE_SIZE)
+
+
+def _by_model(targets: list[Collection]) -> dict[int, tuple[EmbeddingModel, list[int]]]:
+    groups: dict[int, tuple[EmbeddingModel, list[int]]] = {}
+    for collection in targets:
+        model = collection.embedding_model
+        groups.setdefault(model.pk, (model, []))[1].append(collection.pk)
+    return groups
+
+
+def _vector_search(
+    query: str, targets: list[Collection], filters: Filters, depth: int
+) -> dict[int, tuple[int, float]]:
+    """chunk id -> (rank within its model's list, cosine similarity). One query vector per model."""
+    hits: dict[int, tuple[int, float]] = {}
+    for model, collection_ids in _by_model(targets).values():
+        if not model.dimensions:
+            continue  # nothing embedded with this model yet
+        vector = query_embeddings.vector(model, query)
+        scoped = Filters(collection_ids=tuple(collection_ids), **_document_filters(filters))
+        for rank, (chunk_id, similarity) in enumerate(_nearest(model, vector, scoped, depth), start=1):
+            hits[chunk_id] = (rank, similarity)
+    return hits
+
+
+def _document_filters(filters: Filters) -> dict[str, Any]:
+    return {"document_ids": filters.document_ids, "content_types": filters.content_types, "metadata": filters.metadata}
+
+
+def _nearest(model: EmbeddingModel, vector: list[float], filters: Filters, depth: int) -> list[tuple[int, float]]:
+    expression = vector_expression(model, alias="e")
+    query_vector = Vector(vector).to_text()
+    with connection.cursor() as cursor:
+        if filters.narrows_documents:
+            where, params = filters.sql("d")
+            cursor.execute(
+                f"SELECT count(*) FROM (SELECT 1 FROM kb_chunk c JOIN kb_document d ON d.id = c.document_id "
+                f"WHERE c.collection_id = ANY(%s) AND {where} LIMIT {EXACT_SCAN_LIMIT + 1}) AS allowed",
+                [list(filters.collection_ids), *params],
+            )
+            if cursor.fetchone()[0] <= EXACT_SCAN_LIMIT:
+                return _exact_nearest(cursor, model, expression, query_vector, filters, depth)
+        document_join, document_params = "", []
+        if filters.narrows_documents:
+            where, document_params = filters.sql("d")
+            document_join = f"JOIN kb_chunk c ON c.id = e.chunk_id JOIN kb_document d ON d.id = c.document_id AND {where}"
+        cursor.execute(f"SET LOCAL hnsw.ef_search = {max(settings.KB_HNSW_EF_SEARCH, depth)}")
+        cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+        # relaxed_order may return neighbours slightly out of order: sort again outside.
+        cursor.execute(
+            f"""
+            WITH nearest AS MATERIALIZED (
+                SELECT e.chunk_id, {expression} <=> %s::vector({model.dimensions}) AS distance
+                FROM kb_embedding e {document_join}
+                WHERE e.model_id = %s AND e.collection_id = ANY(%s)
+                ORDER BY distance LIMIT %s
+            )
+            SELECT chunk_id, 1 - distance FROM nearest ORDER BY distance
+            """,
+            [query_vector, *document_params, model.pk, list(filters.collection_ids), depth],
+        )
+        return cursor.fetchall()
+
+
+def _exact_nearest(cursor, model, expression, query_vector, filters, depth) -> list[tuple[int, float]]:  # noqa: ANN001
+    where, params = filters.sql("d")
+    cursor.execute(
+        f"""
+        SELECT e.chunk_id, 1 - ({expression} <=> %s::vector({model.dimensions})) AS similarity
+        FROM kb_embedding e JOIN kb_chunk c ON c.id = e.chunk_id JOIN kb_document d ON d.id = c.document_id
+        WHERE e.model_id = %s AND e.collection_id = ANY(%s) AND {where}
+        ORDER BY similarity DESC LIMIT %s
+        """,
+        [query_vector, model.pk, list(filters.collection_ids), *params, depth],
+    )
+    return cursor.fetchall()
+
+
+def _similarities(query: str, targets: list[Collection], chunk_ids: list[int]) -> dict[int, float]:
+    """Cosine similarity of given chunks (found by keyword) to the query, where they have vectors."""
+    if not chunk_ids:
+        return {}
+    similarities: dict[int, float] = {}
+    for model, collection_ids in _by_model(targets).values():
+        if not model.dimensions:
+            continue
+        try:
+            vector = query_embeddings.vector(model, query)
+        except EmbeddingError:
+            continue
+        expression = vector_expression(model, alias="e")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT e.chunk_id, 1 - ({expression} <=> %s::vector({model.dimensions})) FROM kb_embedding e "
+                "WHERE e.model_id = %s AND e.collection_id = ANY(%s) AND e.chunk_id = ANY(%s)",
+                [Vector(vector).to_text(), model.pk, collection_ids, chunk_ids],
+            )
+            similarities.update(cursor.fetchall())
+    return similarities
+
+
+# --- fusion and results ----------------------------------------------------------------------
+
+
+def _fuse(
+    keyword_hits: list[tuple[int, float]], vector_hits: dict[int, tuple[int, float]], weight: float, mode: str
+) -> list[tuple[int, float]]:
+    k = settings.KB_RRF_K
+    scores: dict[int, float] = defaultdict(float)
+    if mode == "keyword":
+        return list(keyword_hits)
+    if mode == "semantic":
+        return sorted(((chunk_id, sim) for chunk_id, (_, sim) in vector_hits.items()), key=lambda item: -item[1])
+    for rank, (chunk_id, _) in enumerate(keyword_hits, start=1):
+        scores[chunk_id] += 2 * (1 - weight) / (k + rank)
+    for chunk_id, (rank, _) in vector_hits.items():
+        scores[chunk_id] += 2 * weight / (k + rank)
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _results(
+    selected: list[tuple[int, float]],
+    keyword_hits: list[tuple[int, float]],
+    vector_hits: dict[int, tuple[int, float]],
+    similarities: dict[int, float],
+) -> list[SearchResult]:
+    if not selected:
+        return []
+    keyword_ranks = {chunk_id: (rank, score) for rank, (chunk_id, score) in enumerate(keyword_hits, start=1)}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.id, c.content, c.index, c.line_start, c.line_end, c.page, c.token_count, c.metadata,
+                   d.id, d.source_uri, d.title, d.content_type, d.metadata, col.name
+            FROM kb_chunk c JOIN kb_document d ON d.id = c.document_id JOIN kb_collection col ON col.id = c.collection_id
+            WHERE c.id = ANY(%s)
+            """,
+            [[chunk_id for chunk_id, _ in selected]],
+        )
+        rows = {row[0]: row for row in cursor.fetchall()}
+    results = []
+    for chunk_id, score in selected:
+        row = rows.get(chunk_id)
+        if row is None:  # deleted between the ranking and now
+            continue
+        keyword = keyword_ranks.get(chunk_id)
+        vector = vector_hits.get(chunk_id)
+        results.append(
+            SearchResult(
+                rank=len(results) + 1,
+                score=round(float(score), 6),
+                similarity=None if similarities.get(chunk_id) is None else round(float(similarities[chunk_id]), 6),
+                vector_rank=vector[0] if vector else None,
+                keyword_rank=keyword[0] if keyword else None,
+                keyword_score=round(float(keyword[1]), 6) if keyword else None,
+                chunk_id=chunk_id,
+                content=row[1],
+                chunk_index=row[2],
+                line_start=row[3],
+                line_end=row[4],
+                page=row[5],
+                token_count=row[6],
+                chunk_metadata=_json(row[7]),
+                document_id=row[8],
+                source_uri=row[9],
+                title=row[10],
+                content_type=row[11],
+                metadata=_json(row[12]),
+                collection=row[13],
+            )
+        )
+    return results
+
+
+def _json(value: Any) -> dict[str, Any]:
+    import json
+
+    if isinstance(value, str):
+        return json.loads(value)
+    return value or {}
