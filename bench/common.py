@@ -60,7 +60,7 @@ def recall_at(ranked: list[str], relevant: dict[str, int], k: int = 100) -> floa
 
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 class Timer:

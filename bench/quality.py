@@ -41,14 +41,19 @@ def ingest(name: str, corpus: list[dict], fresh: bool) -> str:
             if not text:
                 continue
             document_create_from_text(
-                collection=collection, source_uri=f"beir://{name}/{row['_id']}", text=text, title=row.get("title", "")[:500]
+                collection=collection,
+                source_uri=f"beir://{name}/{row['_id']}",
+                text=text,
+                title=row.get("title", "")[:500],
             )
     with Timer() as embed_timer:
         pending = Document.objects.filter(collection=collection).exclude(status=DocumentStatus.READY)
         for doc_id in pending.values_list("pk", flat=True):
             document_claim(doc_id=doc_id)
             document_embed(doc_id=doc_id)
-    print(f"  ingested {len(corpus)} documents: parse+chunk+store {parse_timer.seconds:.1f}s, embed {embed_timer.seconds:.1f}s")
+    print(
+        f"  ingested {len(corpus)} documents: parse+chunk+store {parse_timer.seconds:.1f}s, embed {embed_timer.seconds:.1f}s"
+    )
     return collection_name
 
 
@@ -87,12 +92,16 @@ def main() -> None:
             label = mode if weight is None else f"hybrid w={weight}"
             reference = REFERENCE.get(name, {}).get(mode)
             rows.append((name, label, ndcg, recall, reference, p50))
-            print(f"  {label:<16} nDCG@10 {ndcg:.3f}  Recall@100 {recall:.3f}  (reference {reference})  p50 {p50:.1f} ms")
+            print(
+                f"  {label:<16} nDCG@10 {ndcg:.3f}  Recall@100 {recall:.3f}  (reference {reference})  p50 {p50:.1f} ms"
+            )
     print(f"\nDefault semantic weight (KB_SEMANTIC_WEIGHT): {settings.KB_SEMANTIC_WEIGHT}\n")
     print("| set | mode | nDCG@10 | reference nDCG@10 | Recall@100 | search p50 |")
     print("|---|---|---|---|---|---|")
     for name, label, ndcg, recall, reference, p50 in rows:
-        print(f"| {name} | {label} | {ndcg:.3f} | {reference if reference is not None else '-'} | {recall:.3f} | {p50:.1f} ms |")
+        print(
+            f"| {name} | {label} | {ndcg:.3f} | {reference if reference is not None else '-'} | {recall:.3f} | {p50:.1f} ms |"
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ statement, and the BM25 postings, which Django does not model, go with their chu
 
 import uuid
 
+from django.conf import settings
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.core.validators import RegexValidator
@@ -175,3 +176,35 @@ class Embedding(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["chunk", "model"], name="kb_embedding_chunk_model_unique")]
         indexes = [models.Index(fields=["model", "collection"], name="kb_embedding_model_coll_idx")]
+
+
+class TokenScope(models.TextChoices):
+    READ = "read", "Read (search, list, get)"
+    WRITE = "write", "Write (also ingest, re-embed, delete documents, create collections)"
+    ADMIN = "admin", "Admin (also delete collections and change their settings)"
+
+
+SCOPE_LEVELS = {TokenScope.READ: 1, TokenScope.WRITE: 2, TokenScope.ADMIN: 3}
+
+
+class ApiToken(models.Model):
+    """A bearer token for the REST API and the MCP HTTP transports. Only its hash is stored."""
+
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, help_text="The start of the token, to recognise it.")
+    key_hash = models.CharField(max_length=64, unique=True)
+    scope = models.CharField(max_length=10, choices=TokenScope.choices, default=TokenScope.READ)
+    # Empty: every collection.
+    collections = models.ManyToManyField(Collection, blank=True, related_name="api_tokens")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…, {self.scope})"

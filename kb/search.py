@@ -173,7 +173,10 @@ def search(
             (chunk_id, score)
             for chunk_id, score in fused
             if (min_score is None or score >= min_score)
-            and (min_similarity is None or (similarities.get(chunk_id) is not None and similarities[chunk_id] >= min_similarity))
+            and (
+                min_similarity is None
+                or (similarities.get(chunk_id) is not None and similarities[chunk_id] >= min_similarity)
+            )
         ][:top_k]
         results = _results(selected, keyword_hits, vector_hits, similarities)
     return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=results, warnings=warnings)
@@ -282,15 +285,16 @@ def bm25_search(query: str, filters: Filters, depth: int) -> list[tuple[int, flo
         return []
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT coalesce(sum(chunk_count), 0)::float8, coalesce(sum(total_length), 0)::float8 FROM kb_collection_stats "
-            "WHERE collection_id = ANY(%s)",
+            "SELECT coalesce(sum(chunk_count), 0)::float8, coalesce(sum(total_length), 0)::float8 "
+            "FROM kb_collection_stats WHERE collection_id = ANY(%s)",
             [list(filters.collection_ids)],
         )
         chunk_total, length_total = cursor.fetchone()
         if not chunk_total:
             return []
         cursor.execute(
-            "SELECT term, sum(df)::float8 FROM kb_term_stats WHERE collection_id = ANY(%s) AND term = ANY(%s) GROUP BY term",
+            "SELECT term, sum(df)::float8 FROM kb_term_stats "
+            "WHERE collection_id = ANY(%s) AND term = ANY(%s) GROUP BY term",
             [list(filters.collection_ids), list(terms)],
         )
         frequencies = dict(cursor.fetchall())
@@ -421,9 +425,7 @@ def _by_model(targets: list[Collection]) -> dict[int, tuple[EmbeddingModel, list
     return groups
 
 
-def _vector_search(
-    query: str, targets: list[Collection], filters: Filters, depth: int
-) -> dict[int, tuple[int, float]]:
+def _vector_search(query: str, targets: list[Collection], filters: Filters, depth: int) -> dict[int, tuple[int, float]]:
     """chunk id -> (rank within its model's list, cosine similarity). One query vector per model."""
     hits: dict[int, tuple[int, float]] = {}
     for model, collection_ids in _by_model(targets).values():
@@ -456,7 +458,9 @@ def _nearest(model: EmbeddingModel, vector: list[float], filters: Filters, depth
         document_join, document_params = "", []
         if filters.narrows_documents:
             where, document_params = filters.sql("d")
-            document_join = f"JOIN kb_chunk c ON c.id = e.chunk_id JOIN kb_document d ON d.id = c.document_id AND {where}"
+            document_join = (
+                f"JOIN kb_chunk c ON c.id = e.chunk_id JOIN kb_document d ON d.id = c.document_id AND {where}"
+            )
         cursor.execute(f"SET LOCAL hnsw.ef_search = {max(settings.KB_HNSW_EF_SEARCH, depth)}")
         cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
         # relaxed_order may return neighbours slightly out of order: sort again outside.
@@ -545,7 +549,9 @@ def _results(
             """
             SELECT c.id, c.content, c.index, c.line_start, c.line_end, c.page, c.token_count, c.metadata,
                    d.id, d.source_uri, d.title, d.content_type, d.metadata, col.name
-            FROM kb_chunk c JOIN kb_document d ON d.id = c.document_id JOIN kb_collection col ON col.id = c.collection_id
+            FROM kb_chunk c
+            JOIN kb_document d ON d.id = c.document_id
+            JOIN kb_collection col ON col.id = c.collection_id
             WHERE c.id = ANY(%s)
             """,
             [[chunk_id for chunk_id, _ in selected]],
