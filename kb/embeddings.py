@@ -54,7 +54,11 @@ class LocalEmbedder:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         model = self._load()
         vectors = model.encode(
-            list(texts), batch_size=settings.EMBEDDING_BATCH_SIZE, normalize_embeddings=True, convert_to_numpy=True
+            list(texts),
+            batch_size=settings.EMBEDDING_BATCH_SIZE,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
         )
         return vectors.tolist()
 

@@ -27,12 +27,17 @@ def ensure_hnsw_index(model: EmbeddingModel) -> None:
     if not model.dimensions:
         raise ValueError(f"{model} has no known dimensions yet")
     with connection.cursor() as cursor:
+        # CREATE INDEX refuses to run while the transaction has deferred foreign-key checks
+        # pending on the table: run them now, then defer again (every deferrable constraint
+        # of ours is initially deferred, so this restores the default).
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cursor.execute(
             f"CREATE INDEX IF NOT EXISTS {hnsw_index_name(model)} ON kb_embedding "
             f"USING hnsw ({vector_expression(model)} vector_cosine_ops) "
             f"WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION}) "
             f"WHERE model_id = {int(model.pk)}"
         )
+        cursor.execute("SET CONSTRAINTS ALL DEFERRED")
 
 
 def drop_hnsw_index(model: EmbeddingModel) -> None:

@@ -80,6 +80,7 @@ def document_embed(*, doc_id: str) -> str:
 
 def _store_vectors(document: Document, model: EmbeddingModel, chunk_ids: list[int], vectors: list[list[float]]) -> bool:
     """Insert a batch and renew the lease; False when the document was deleted meanwhile."""
+    model = embedding_model_record_dimensions(model=model, dimensions=len(vectors[0]))
     with transaction.atomic():
         renewed = Document.objects.filter(pk=document.pk).update(lease_expires_at=_lease_deadline())
         if not renewed:

@@ -1,0 +1,265 @@
+"""The search service: exact BM25, vector search with filters, weighted RRF, fail-closed filters."""
+
+import math
+
+import pytest
+from django.db import connection
+
+from kb import search as search_module
+from kb.errors import ErrorCode, KBError
+from kb.search import search
+from kb.services.collections import collection_create
+from kb.services.documents import document_create_from_text, document_delete
+from kb.services.embedding import document_claim, document_embed
+from tests.support.fake_providers import fake_ollama
+
+TOPICS = {
+    "wings": "Swept wings delay compressibility drag at high subsonic speeds; sweep reduces the normal Mach number.",
+    "boundary": "The boundary layer thickens downstream; turbulent boundary layers resist separation better.",
+    "heat": "Aerodynamic heating at hypersonic speeds raises skin temperature; heat transfer to the wall grows.",
+    "flutter": "Flutter couples aerodynamic forces and structural vibration; aeroelastic models predict flutter speed.",
+    "shock": "A normal shock wave raises pressure and temperature; oblique shocks turn the flow.",
+    "cooking": "Knead the dough for ten minutes, let it rise, then bake the bread at a high temperature.",
+}
+
+
+def embed(document) -> None:
+    document_claim(doc_id=document.pk)
+    document_embed(doc_id=document.pk)
+
+
+@pytest.fixture
+def corpus(db):
+    collection = collection_create(name="aero")
+    documents = {}
+    for name, text in TOPICS.items():
+        kind = "markdown" if name in ("wings", "heat") else "plain_text"
+        stored = document_create_from_text(
+            collection=collection,
+            source_uri=f"note://{name}",
+            text=text,
+            content_type=kind,
+            title=name,
+            metadata={"topic": name, "year": 2000 + len(name), "lang": "en" if name != "cooking" else "fr"},
+        )
+        embed(stored.document)
+        documents[name] = stored.document
+    return collection, documents
+
+
+def names(response) -> list[str]:
+    return [result.source_uri.removeprefix("note://") for result in response.results]
+
+
+def reference_bm25(query: str, collection_id: int, k1: float = 1.2, b: float = 0.75) -> dict[int, float]:
+    """BM25 computed naively in Python from the chunks' own tsvectors, to check the pruned SQL."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.id, t.lexeme, coalesce(array_length(t.positions, 1), 1) FROM kb_chunk c, unnest(c.search_vector) t "
+            "WHERE c.collection_id = %s",
+            [collection_id],
+        )
+        rows = cursor.fetchall()
+    tf: dict[int, dict[str, int]] = {}
+    for chunk_id, term, count in rows:
+        tf.setdefault(chunk_id, {})[term] = count
+    n, avgdl = len(tf), sum(sum(terms.values()) for terms in tf.values()) / len(tf)
+    df = {}
+    for terms in tf.values():
+        for term in terms:
+            df[term] = df.get(term, 0) + 1
+    scores = {}
+    for term, q_count in search_module.query_terms(query).items():
+        if term not in df:
+            continue
+        idf = math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
+        for chunk_id, terms in tf.items():
+            if term in terms:
+                length = sum(terms.values())
+                part = terms[term] / (terms[term] + k1 * (1 - b + b * length / avgdl))
+                scores[chunk_id] = scores.get(chunk_id, 0.0) + q_count * idf * part
+    return scores
+
+
+@pytest.mark.parametrize("budget", [1, 20000])
+def test_keyword_search_is_exact_bm25_even_when_pruned(db, monkeypatch, budget):
+    collection = collection_create(name="many", chunk_max_tokens=32, chunk_min_tokens=0)
+    words = ["wing", "drag", "lift", "shock", "heat", "flow", "layer", "mach", "speed", "vortex"]
+    for n in range(60):
+        text = " ".join(words[(n * 7 + i * 3) % len(words)] for i in range(5 + n % 9)) + f" item{n}."
+        document_create_from_text(collection=collection, source_uri=f"note://{n}", text=text)
+    monkeypatch.setattr(search_module, "POSTINGS_BUDGET", budget)  # 1: every common term is pruned first
+    query = "wing drag drag shock vortex speed"
+    expected = sorted(reference_bm25(query, collection.pk).items(), key=lambda item: (-item[1], item[0]))[:10]
+    response = search(query=query, collections=["many"], mode="keyword", top_k=10)
+    got = [(result.chunk_id, result.score) for result in response.results]
+    assert [score for _, score in got] == pytest.approx([score for _, score in expected], rel=1e-6)
+    assert {chunk for chunk, _ in got} == {chunk for chunk, _ in expected} or len({s for _, s in expected}) < 10
+
+
+def test_a_repeated_query_term_counts_repeatedly(corpus):
+    once = search(query="flutter", collections=["aero"], mode="keyword").results[0].score
+    twice = search(query="flutter flutter", collections=["aero"], mode="keyword").results[0].score
+    assert twice == pytest.approx(2 * once)
+
+
+def test_semantic_search_finds_meaning_without_shared_words(corpus):
+    response = search(query="baking a loaf in the oven", collections=["aero"], mode="semantic", top_k=3)
+    assert names(response)[0] == "cooking"
+    assert 0 < response.results[0].similarity <= 1
+    assert response.results[0].vector_rank == 1 and response.results[0].keyword_rank is None
+
+
+def test_hybrid_results_carry_every_field_and_the_fused_score(corpus, settings):
+    response = search(query="turbulent boundary layer separation", collections=["aero"], top_k=3)
+    first = response.results[0]
+    assert names(response)[0] == "boundary"
+    assert (first.rank, first.vector_rank, first.keyword_rank) == (1, 1, 1)
+    weight, k = response.semantic_weight, settings.KB_RRF_K
+    assert weight == settings.KB_SEMANTIC_WEIGHT
+    assert first.score == pytest.approx(2 * weight / (k + 1) + 2 * (1 - weight) / (k + 1), rel=1e-5)
+    as_dict = first.as_dict()
+    for key in (
+        "similarity",
+        "content",
+        "document_id",
+        "source_uri",
+        "collection",
+        "chunk_index",
+        "lines",
+        "token_count",
+        "metadata",
+    ):
+        assert as_dict[key] is not None, key
+    assert as_dict["lines"] == "1-1" and as_dict["collection"] == "aero" and as_dict["metadata"]["topic"] == "boundary"
+
+
+def test_the_semantic_weight_moves_hybrid_between_its_halves(corpus):
+    query = "temperature"
+    keyword = names(search(query=query, collections=["aero"], mode="keyword"))
+    semantic = names(search(query=query, collections=["aero"], mode="semantic"))
+    assert names(search(query=query, collections=["aero"], semantic_weight=0.0)) == keyword
+    assert names(search(query=query, collections=["aero"], semantic_weight=1.0)) == semantic
+
+
+def test_chunks_not_yet_embedded_are_found_by_keyword_and_hybrid(corpus):
+    collection, _ = corpus
+    document_create_from_text(
+        collection=collection, source_uri="note://fresh", text="Transonic buffet onset on airfoils."
+    )
+    assert "fresh" in names(search(query="transonic buffet", collections=["aero"], mode="keyword"))
+    hybrid = search(query="transonic buffet", collections=["aero"])
+    fresh = next(result for result in hybrid.results if result.source_uri == "note://fresh")
+    assert (fresh.keyword_rank, fresh.vector_rank, fresh.similarity) == (1, None, None)
+
+
+def test_a_deleted_document_is_never_returned(corpus):
+    _, documents = corpus
+    document_delete(doc_id=documents["flutter"].pk)
+    for mode in ("keyword", "semantic", "hybrid"):
+        assert "flutter" not in names(search(query="flutter aeroelastic", collections=["aero"], mode=mode))
+
+
+@pytest.mark.parametrize("mode", ["keyword", "semantic", "hybrid"])
+def test_filters_narrow_and_never_widen(corpus, mode):
+    _, documents = corpus
+
+    def found(**filters) -> set[str]:
+        return set(names(search(query="speed temperature wings", collections=["aero"], mode=mode, top_k=10, **filters)))
+
+    assert found(document_ids=[]) == set()
+    assert found(document_ids=[documents["heat"].pk]) == {"heat"}
+    assert found(content_types=["markdown"]) <= {"wings", "heat"}
+    assert found(content_types=["pdf"]) == set()
+    assert found(metadata={"lang": "fr"}) <= {"cooking"}
+    assert found(metadata={"topic": {"$in": ["heat", "shock"]}}) <= {"heat", "shock"}
+    assert found(metadata={"year": {"$gte": 2006}}) <= {"boundary", "flutter", "cooking"}
+    assert found(metadata={"year": "2005"}) == set()  # typed: the string is not the number
+    assert found(metadata={"no-such-key": 1}) == set()
+
+
+def test_filtered_vector_search_still_fills_top_k_through_the_index(corpus, monkeypatch):
+    collection, _ = corpus
+    for n in range(30):
+        kind = "markdown" if n % 3 == 0 else "plain_text"
+        stored = document_create_from_text(
+            collection=collection,
+            source_uri=f"note://extra{n}",
+            text=f"Extra note {n} about wind tunnels.",
+            content_type=kind,
+        )
+        embed(stored.document)
+    monkeypatch.setattr(search_module, "EXACT_SCAN_LIMIT", 0)  # force the HNSW iterative scan path
+    response = search(query="wind tunnel", collections=["aero"], mode="semantic", top_k=10, content_types=["markdown"])
+    assert len(response.results) == 10
+    assert {result.content_type for result in response.results} == {"markdown"}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "code"),
+    [
+        ({"collections": ["missing"]}, ErrorCode.COLLECTION_NOT_FOUND),
+        ({"metadata": {"year": {"$regex": "x"}}}, ErrorCode.INVALID_ARGUMENT),
+        ({"metadata": {"year": {"$gt": [1]}}}, ErrorCode.INVALID_ARGUMENT),
+        ({"top_k": 0}, ErrorCode.INVALID_ARGUMENT),
+        ({"top_k": 101}, ErrorCode.INVALID_ARGUMENT),
+        ({"mode": "fuzzy"}, ErrorCode.INVALID_ARGUMENT),
+        ({"semantic_weight": 1.5}, ErrorCode.INVALID_ARGUMENT),
+        ({"content_types": ["cobol"]}, ErrorCode.INVALID_ARGUMENT),
+        ({"query": "   "}, ErrorCode.INVALID_ARGUMENT),
+    ],
+)
+def test_bad_arguments_are_refused(corpus, arguments, code):
+    with pytest.raises(KBError) as error:
+        search(**{"query": "wings", **arguments})
+    assert error.value.code == code
+
+
+def test_min_score_and_min_similarity_drop_weak_results(corpus):
+    everything = search(query="shock wave pressure", collections=["aero"], top_k=10)
+    strong = search(query="shock wave pressure", collections=["aero"], top_k=10, min_similarity=0.3)
+    assert 0 < len(strong.results) < len(everything.results)
+    assert all(result.similarity >= 0.3 for result in strong.results)
+    cut = everything.results[1].score
+    assert all(
+        result.score >= cut
+        for result in search(query="shock wave pressure", collections=["aero"], min_score=cut).results
+    )
+
+
+def test_repeated_queries_are_not_embedded_again(corpus):
+    cache = search_module.query_embeddings
+    search(query="an uncached query about nozzles", collections=["aero"], mode="semantic")
+    misses, hits = cache.misses, cache.hits
+    search(query="an uncached query about nozzles", collections=["aero"], mode="semantic")
+    assert (cache.misses, cache.hits) == (misses, hits + 1)
+
+
+def test_collections_with_different_models_are_searched_together(corpus, settings):
+    with fake_ollama() as base:
+        settings.OLLAMA_HOST = base
+        other = collection_create(name="remote", embedding_provider="ollama", embedding_model="fake-embed")
+        stored = document_create_from_text(collection=other, source_uri="note://remote-wings", text="wings wings sweep")
+        embed(stored.document)
+        misses = search_module.query_embeddings.misses
+        response = search(query="swept wings sweep", top_k=5)  # every collection
+        assert search_module.query_embeddings.misses == misses + 2  # once per model
+    found = names(response)
+    assert {"wings", "remote-wings"} <= set(found)
+    assert {result.collection for result in response.results} == {"aero", "remote"}
+
+
+def test_a_dead_embedding_backend_degrades_hybrid_to_keyword_with_a_warning(db, settings):
+    from tests.conftest import free_port
+
+    settings.OLLAMA_HOST = f"http://127.0.0.1:{free_port()}"
+    settings.EMBEDDING_TIMEOUT_SECONDS = 2
+    collection = collection_create(name="remote", embedding_provider="ollama", embedding_model="gone")
+    collection.embedding_model.dimensions = 16
+    collection.embedding_model.save()
+    document_create_from_text(collection=collection, source_uri="note://a", text="flutter of wings")
+    response = search(query="flutter", collections=["remote"])
+    assert names(response) == ["a"] and "Semantic search unavailable" in response.warnings[0]
+    with pytest.raises(KBError) as error:
+        search(query="flutter", collections=["remote"], mode="semantic")
+    assert error.value.code == ErrorCode.EMBEDDING_ERROR
