@@ -2,8 +2,10 @@ from django.contrib import admin
 from django.urls import path
 
 from kb import views
+from kb.api import api
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("health", views.health, name="health"),
+    path("api/", api.urls),
 ]

@@ -1,15 +1,16 @@
 """Reads of the knowledge base, shared by every front door."""
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import connection
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from kb.errors import ErrorCode, KBError
-from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding
+from kb.models import ApiToken, Chunk, Collection, Document, DocumentStatus, Embedding
 
 KB_TABLES = (
     "kb_collection",
@@ -139,13 +140,50 @@ def storage_bytes() -> int:
 
 
 def health_report() -> dict[str, Any]:
-    checks: dict[str, Any] = {}
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
-            row = cursor.fetchone()
-        checks["database"] = {"ok": True, "pgvector": row[0] if row else None}
-    except DatabaseError as exc:
-        checks["database"] = {"ok": False, "error": str(exc).strip()}
-    ok = all(check["ok"] for check in checks.values())
-    return {"status": "ok" if ok else "error", "checks": checks}
+    """Database, broker and embedding providers (see kb.health)."""
+    from kb.health import health_report as report
+
+    return report()
+
+
+def collection_get_with_totals(*, name: str) -> Collection:
+    """One collection with the annotations of ``collection_list``."""
+    collection = collection_list().filter(name=name).first()
+    if collection is None:
+        raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {name}")
+    return collection
+
+
+@dataclass(frozen=True)
+class EmbeddingProgress:
+    """How far the embedding of some documents got; deleted documents count as finished."""
+
+    documents: int
+    finished: int
+    chunks: int
+    embedded_chunks: int
+    failed: list[Document]
+
+    @property
+    def done(self) -> bool:
+        return self.finished >= self.documents
+
+
+def documents_embedding_progress(*, doc_ids: Sequence[str]) -> EmbeddingProgress:
+    documents = list(
+        Document.objects.filter(pk__in=list(doc_ids)).only(
+            "id", "source_uri", "status", "error_code", "error", "chunk_count", "embedded_count"
+        )
+    )
+    settled = (DocumentStatus.READY, DocumentStatus.FAILED)
+    return EmbeddingProgress(
+        documents=len(set(doc_ids)),
+        finished=len(set(doc_ids)) - len(documents) + sum(1 for doc in documents if doc.status in settled),
+        chunks=sum(doc.chunk_count for doc in documents),
+        embedded_chunks=sum(min(doc.embedded_count, doc.chunk_count) for doc in documents),
+        failed=[doc for doc in documents if doc.status == DocumentStatus.FAILED],
+    )
+
+
+def token_list() -> QuerySet[ApiToken]:
+    return ApiToken.objects.select_related("created_by").prefetch_related("collections").order_by("-created_at")

@@ -1,0 +1,96 @@
+"""Collections: list, create, get (with totals and settings), update settings, delete."""
+
+from django.conf import settings
+from django.db import transaction
+from django.http import HttpRequest
+from ninja import Query, Router, Status
+
+from kb.api.auth import access_of
+from kb.api.errors import with_errors
+from kb.api.schemas import (
+    CollectionCreateIn,
+    CollectionDeletedOut,
+    CollectionDeleteQuery,
+    CollectionListOut,
+    CollectionName,
+    CollectionOut,
+    CollectionUpdateIn,
+)
+from kb.errors import ErrorCode, KBError
+from kb.models import TokenScope
+from kb.selectors import collection_get, collection_get_with_totals, collection_list
+from kb.services.collections import collection_create, collection_delete, collection_update
+from kb.services.embedding import collection_switch_model
+
+router = Router(tags=["collections"])
+NOT_FOUND = ErrorCode.COLLECTION_NOT_FOUND
+
+
+@router.get("", response=with_errors({200: CollectionListOut}), summary="List the collections you can see")
+def list_collections(request: HttpRequest) -> CollectionListOut:
+    access = access_of(request)
+    access.require(TokenScope.READ)
+    return CollectionListOut.of([c for c in collection_list() if access.can_see(c.name)])
+
+
+@router.post(
+    "",
+    response=with_errors({201: CollectionOut}, ErrorCode.COLLECTION_EXISTS),
+    summary="Create a collection",
+)
+def create_collection(request: HttpRequest, payload: CollectionCreateIn) -> Status[CollectionOut]:
+    access = access_of(request)
+    access.require(TokenScope.WRITE)
+    access.require_unrestricted("create collections")
+    collection = collection_create(**payload.model_dump())
+    return Status(201, CollectionOut.of(collection_get_with_totals(name=collection.name)))
+
+
+@router.get("/{name}", response=with_errors({200: CollectionOut}, NOT_FOUND), summary="A collection")
+def get_collection(request: HttpRequest, name: CollectionName) -> CollectionOut:
+    access = access_of(request)
+    access.require(TokenScope.READ)
+    access.check_collection(name)
+    return CollectionOut.of(collection_get_with_totals(name=name))
+
+
+@router.patch(
+    "/{name}",
+    response=with_errors({200: CollectionOut}, NOT_FOUND),
+    summary="Change a collection's settings or embedding model",
+    description="Chunking settings apply to later ingests (re-ingest to re-chunk). A new embedding model is "
+    "filled in the background; search keeps the old one until every chunk has a vector of the new one.",
+)
+def update_collection(request: HttpRequest, name: CollectionName, payload: CollectionUpdateIn) -> CollectionOut:
+    access = access_of(request)
+    access.require(TokenScope.ADMIN)
+    access.check_collection(name)
+    changes = payload.model_dump(exclude={"embedding_provider", "embedding_model"})
+    # One transaction: a refused model leaves the settings unchanged, and no re-embedding starts.
+    with transaction.atomic():
+        collection = collection_update(collection=collection_get(name=name), **changes)
+        if payload.embedding_provider or payload.embedding_model:
+            provider = payload.embedding_provider or collection.embedding_model.provider
+            model_name = payload.embedding_model or settings.EMBEDDING_DEFAULT_MODELS[provider]
+            collection_switch_model(collection=collection, provider=provider, model_name=model_name)
+    return CollectionOut.of(collection_get_with_totals(name=name))
+
+
+@router.delete(
+    "/{name}",
+    response=with_errors({200: CollectionDeletedOut}, NOT_FOUND),
+    summary="Delete a collection with all its documents (confirm=true)",
+)
+def delete_collection(
+    request: HttpRequest, name: CollectionName, query: Query[CollectionDeleteQuery]
+) -> CollectionDeletedOut:
+    access = access_of(request)
+    access.require(TokenScope.ADMIN)
+    access.check_collection(name)
+    if not query.confirm:
+        collection_get(name=name)  # an unknown collection is still "not found"
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT, "Deleting a collection deletes all its documents: repeat with confirm=true"
+        )
+    deletion = collection_delete(name=name)
+    return CollectionDeletedOut(success=True, name=deletion.name, documents=deletion.documents, chunks=deletion.chunks)

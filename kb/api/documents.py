@@ -1,0 +1,155 @@
+"""Documents: list per collection, get, ingest by URI, upload files, re-ingest, re-embed, delete."""
+
+from django.http import HttpRequest
+from ninja import File, Form, Query, Router, UploadedFile
+
+from kb.api.auth import access_of, visible_document
+from kb.api.errors import with_errors
+from kb.api.schemas import (
+    CollectionName,
+    DocumentDeletedOut,
+    DocumentGetQuery,
+    DocumentId,
+    DocumentListOut,
+    DocumentListQuery,
+    DocumentOut,
+    DocumentSummaryOut,
+    IngestIn,
+    IngestItemOut,
+    IngestOut,
+    UploadForm,
+)
+from kb.errors import ErrorCode
+from kb.models import TokenScope
+from kb.selectors import collection_get, document_chunks, document_list
+from kb.services.documents import document_delete
+from kb.services.embedding import document_reembed
+from kb.services.ingest import document_ingest, document_reingest, network_file_roots
+from kb.services.uploads import Upload, document_ingest_uploads
+
+router = Router(tags=["documents"])
+# Loading a source (a URL, a file) can fail upstream: 502 LOAD_FAILED; a too long chunk: 400 TEXT_TOO_LONG.
+INGEST_ERRORS = (ErrorCode.COLLECTION_NOT_FOUND, ErrorCode.INVALID_URI, ErrorCode.LOAD_FAILED, ErrorCode.TEXT_TOO_LONG)
+
+
+@router.get(
+    "/collections/{name}/documents",
+    response=with_errors({200: DocumentListOut}, ErrorCode.COLLECTION_NOT_FOUND),
+    summary="List a collection's documents (oldest first, paginated)",
+)
+def list_documents(request: HttpRequest, name: CollectionName, query: Query[DocumentListQuery]) -> DocumentListOut:
+    access = access_of(request)
+    access.require(TokenScope.READ)
+    access.check_collection(name)
+    documents = document_list(
+        collection=collection_get(name=name), limit=query.limit, offset=query.offset, status=query.status
+    )
+    return DocumentListOut(
+        collection=name,
+        documents=[DocumentSummaryOut.of(document) for document in documents],
+        count=len(documents),
+        offset=query.offset,
+        limit=query.limit,
+    )
+
+
+@router.post(
+    "/collections/{name}/documents",
+    response=with_errors({200: IngestOut}, *INGEST_ERRORS),
+    summary="Ingest a document (or a directory) by URI",
+    description="A single source that fails answers with its error; a directory reports each file in `items`. "
+    "Chunks are keyword-searchable at once and semantically searchable once the worker embedded them.",
+)
+def ingest_document(request: HttpRequest, name: CollectionName, payload: IngestIn) -> IngestOut:
+    access = access_of(request)
+    access.require(TokenScope.WRITE)
+    access.check_collection(name)
+    report = document_ingest(
+        collection=collection_get(name=name),
+        uri=payload.uri,
+        file_roots=network_file_roots(),
+        content_type=payload.content_type,
+        metadata=payload.metadata,
+        title=payload.title,
+        recursive=payload.recursive,
+        force=payload.force,
+    )
+    return IngestOut.of(name, report.items)
+
+
+@router.post(
+    "/collections/{name}/uploads",
+    response=with_errors({200: IngestOut}, *INGEST_ERRORS),
+    summary="Upload one or more files (multipart/form-data, field `files`)",
+    description="Each file becomes the document `upload://<file name>`; uploading it again updates it. "
+    "A single file that fails answers with its error; with several, each failure is reported in `items`.",
+)
+def upload_documents(
+    request: HttpRequest, name: CollectionName, form: Form[UploadForm], files: File[list[UploadedFile]]
+) -> IngestOut:
+    access = access_of(request)
+    access.require(TokenScope.WRITE)
+    access.check_collection(name)
+    report = document_ingest_uploads(
+        collection=collection_get(name=name),
+        uploads=[Upload(filename=file.name or "", read=file.read) for file in files],
+        content_type=form.content_type,
+        metadata=form.metadata,
+    )
+    return IngestOut.of(name, report.items)
+
+
+@router.get(
+    "/documents/{doc_id}",
+    response=with_errors({200: DocumentOut}, ErrorCode.DOCUMENT_NOT_FOUND),
+    summary="A document: metadata, status, and optionally its text and chunks",
+)
+def get_document(request: HttpRequest, doc_id: DocumentId, query: Query[DocumentGetQuery]) -> DocumentOut:
+    access = access_of(request)
+    access.require(TokenScope.READ)
+    document = visible_document(access, doc_id)
+    return DocumentOut.of_document(
+        document,
+        chunks=document_chunks(document=document) if query.chunks else None,
+        content=document.raw_content if query.content else None,
+    )
+
+
+@router.post(
+    "/documents/{doc_id}/reingest",
+    response=with_errors({200: IngestItemOut}, ErrorCode.DOCUMENT_NOT_FOUND, *INGEST_ERRORS),
+    summary="Load a document again from its source and re-chunk it with the collection's settings",
+)
+def reingest_document(request: HttpRequest, doc_id: DocumentId) -> IngestItemOut:
+    access = access_of(request)
+    access.require(TokenScope.WRITE)
+    visible_document(access, doc_id)
+    stored = document_reingest(doc_id=doc_id, file_roots=network_file_roots())
+    return IngestItemOut.of_stored(stored)
+
+
+@router.post(
+    "/documents/{doc_id}/reembed",
+    response=with_errors({200: DocumentSummaryOut}, ErrorCode.DOCUMENT_NOT_FOUND),
+    summary="Drop a document's vectors and embed it again (in the background)",
+)
+def reembed_document(request: HttpRequest, doc_id: DocumentId) -> DocumentSummaryOut:
+    access = access_of(request)
+    access.require(TokenScope.WRITE)
+    visible_document(access, doc_id)
+    return DocumentSummaryOut.of(document_reembed(doc_id=doc_id))
+
+
+@router.delete(
+    "/documents/{doc_id}",
+    response=with_errors({200: DocumentDeletedOut}, ErrorCode.DOCUMENT_NOT_FOUND),
+    summary="Delete a document with its chunks and embeddings",
+)
+def delete_document(request: HttpRequest, doc_id: DocumentId) -> DocumentDeletedOut:
+    access = access_of(request)
+    access.require(TokenScope.WRITE)
+    visible_document(access, doc_id)
+    document = document_delete(doc_id=doc_id)
+    return DocumentDeletedOut(
+        success=True, deleted_doc_id=document.id, source_uri=document.source_uri, collection=document.collection.name
+    )

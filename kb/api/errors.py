@@ -1,0 +1,78 @@
+"""Every error of the REST API is ``{"error": {"code", "message"}}`` with the seed's HTTP status.
+
+Services raise KBError; the handlers below also translate what Django and django-ninja raise
+(invalid input, oversized requests, database failures) into the same shape.
+"""
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import SuspiciousOperation
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import HttpError, ValidationError
+
+from kb.api.schemas import ErrorOut
+from kb.errors import HTTP_STATUS, ErrorCode, KBError
+
+logger = logging.getLogger(__name__)
+
+# Any endpoint may answer these: bad input, missing or invalid token, too weak a scope, database down.
+COMMON_ERRORS = (
+    ErrorCode.INVALID_ARGUMENT,
+    ErrorCode.UNAUTHORIZED,
+    ErrorCode.PERMISSION_DENIED,
+    ErrorCode.DATABASE_ERROR,
+)
+
+
+def with_errors(ok: dict[int, Any], *codes: ErrorCode) -> dict[Any, Any]:
+    """An endpoint's ``response=``: its success schema and the statuses of the errors it may raise."""
+    statuses = frozenset(HTTP_STATUS[code] for code in (*COMMON_ERRORS, *codes))
+    return {**ok, statuses: ErrorOut}
+
+
+def install_error_handlers(api: NinjaAPI) -> None:
+    def handler(translate: Callable[[Any], KBError]) -> Callable[[HttpRequest, Exception], HttpResponse]:
+        def respond(request: HttpRequest, exc: Exception) -> HttpResponse:
+            error = translate(exc)
+            return api.create_response(request, error.as_dict(), status=error.http_status)
+
+        return respond
+
+    api.add_exception_handler(KBError, handler(lambda exc: exc))
+    api.add_exception_handler(ValidationError, handler(_invalid_input))
+    api.add_exception_handler(SuspiciousOperation, handler(_refused_request))
+    api.add_exception_handler(DatabaseError, handler(_database_error))
+    api.add_exception_handler(HttpError, _http_error_handler(api))
+
+
+def _invalid_input(exc: ValidationError) -> KBError:
+    problems = []
+    for error in exc.errors[:5]:
+        where = ".".join(str(part) for part in error.get("loc", ()) if part not in ("body", "payload"))
+        problems.append(f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg", "invalid")))
+    return KBError(ErrorCode.INVALID_ARGUMENT, "Invalid request: " + "; ".join(problems))
+
+
+def _refused_request(exc: SuspiciousOperation) -> KBError:
+    # Too large a request body or too many files (DATA_UPLOAD_MAX_MEMORY_SIZE, DATA_UPLOAD_MAX_NUMBER_FILES).
+    return KBError(ErrorCode.INVALID_ARGUMENT, f"Request refused: {exc}")
+
+
+def _database_error(exc: DatabaseError) -> KBError:
+    logger.exception("database error in an API request", exc_info=exc)
+    return KBError(ErrorCode.DATABASE_ERROR, f"Database error: {str(exc).strip()[:500]}")
+
+
+def _http_error_handler(api: NinjaAPI) -> Callable[[HttpRequest, Exception], HttpResponse]:
+    codes = {401: ErrorCode.UNAUTHORIZED, 403: ErrorCode.PERMISSION_DENIED}
+
+    def respond(request: HttpRequest, exc: Exception) -> HttpResponse:
+        assert isinstance(exc, HttpError)
+        code = codes.get(exc.status_code, ErrorCode.INVALID_ARGUMENT)
+        return api.create_response(request, KBError(code, str(exc)).as_dict(), status=exc.status_code)
+
+    return respond

@@ -1,0 +1,504 @@
+"""Request and response schemas of the REST API: one input and one output schema per endpoint.
+
+Output schemas are built from what the services and selectors return (``Out.of(...)``); the
+management commands print the same shapes with ``--json``.
+"""
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from ninja import Path, Schema
+from pydantic import ConfigDict, Field, Json, model_validator
+
+from kb.ingestion.formats import CONTENT_TYPES
+from kb.models import COLLECTION_NAME_MAX_LENGTH, COLLECTION_NAME_PATTERN, Chunk, Collection, Document
+from kb.search import SearchResponse
+from kb.selectors import Stats
+from kb.services.documents import StoredDocument
+from kb.services.ingest import IngestItem
+
+ContentType = Literal[CONTENT_TYPES]  # type: ignore[valid-type]
+DocumentStatusName = Literal["pending", "processing", "ready", "failed"]
+Provider = Literal["local", "ollama", "openai"]
+Mode = Literal["hybrid", "semantic", "keyword"]
+Outcome = Literal["created", "updated", "unchanged", "failed"]
+CollectionName = Annotated[
+    str,
+    Path(
+        pattern=COLLECTION_NAME_PATTERN,
+        max_length=COLLECTION_NAME_MAX_LENGTH,
+        description="Collection name",
+        example="docs",
+    ),
+]
+DocumentId = Annotated[
+    str, Path(pattern=r"^[0-9A-Za-z]{26}$", description="Document ID (ULID)", example="01HRE4KXQN8Z3J2X5Y7A9B4C6D")
+]
+# Offsets beyond this cannot page anywhere useful and would overflow Postgres' bigint.
+MAX_OFFSET = 1_000_000_000
+
+
+def _reject_unstorable(value: Any) -> None:
+    """Postgres text cannot hold NUL characters or lone surrogates: refuse them up front."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("text must not contain NUL characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("text must be valid Unicode") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _reject_unstorable(key)
+            _reject_unstorable(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _reject_unstorable(item)
+
+
+class InputSchema(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, values: Any) -> Any:
+        _reject_unstorable(values if isinstance(values, dict) else getattr(values, "__dict__", None))
+        return values
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class ErrorDetail(Schema):
+    code: str = Field(examples=["COLLECTION_NOT_FOUND"])
+    message: str
+
+
+class ErrorOut(Schema):
+    error: ErrorDetail
+
+
+# --- collections ------------------------------------------------------------------------------
+
+
+class EmbeddingModelOut(Schema):
+    provider: str
+    name: str
+    dimensions: int | None
+
+
+class ChunkingSettings(Schema):
+    max_tokens: int
+    min_tokens: int
+    overlap_tokens: int
+
+
+class SearchSettings(Schema):
+    top_k: int
+    hybrid: bool
+    semantic_weight: float | None = Field(description="None: the server default (KB_SEMANTIC_WEIGHT)")
+
+
+class CollectionSettings(Schema):
+    chunking: ChunkingSettings
+    search: SearchSettings
+
+
+class DocumentTotals(Schema):
+    total: int
+    pending: int
+    processing: int
+    ready: int
+    failed: int
+
+
+class CollectionSummaryOut(Schema):
+    name: str
+    description: str
+    uuid: str
+    documents: int
+    chunks: int
+    embedding_model: EmbeddingModelOut
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, collection: Collection) -> "CollectionSummaryOut":
+        return cls(
+            name=collection.name,
+            description=collection.description,
+            uuid=str(collection.uuid),
+            documents=collection.document_total,
+            chunks=collection.chunk_total,
+            embedding_model=EmbeddingModelOut.model_validate(collection.embedding_model),
+            created_at=collection.created_at,
+            updated_at=collection.updated_at,
+        )
+
+
+class CollectionListOut(Schema):
+    collections: list[CollectionSummaryOut]
+    total: int
+
+    @classmethod
+    def of(cls, collections: Sequence[Collection]) -> "CollectionListOut":
+        return cls(collections=[CollectionSummaryOut.of(c) for c in collections], total=len(collections))
+
+
+class CollectionOut(Schema):
+    """A collection with its settings and totals (annotated by ``collection_get_with_totals``)."""
+
+    name: str
+    description: str
+    uuid: str
+    embedding_model: EmbeddingModelOut
+    next_embedding_model: EmbeddingModelOut | None = Field(
+        description="Set while the collection is re-embedded with another model; search switches when it is done"
+    )
+    settings: CollectionSettings
+    documents: DocumentTotals
+    chunks: int
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, collection: Collection) -> "CollectionOut":
+        following = collection.next_embedding_model
+        return cls(
+            name=collection.name,
+            description=collection.description,
+            uuid=str(collection.uuid),
+            embedding_model=EmbeddingModelOut.model_validate(collection.embedding_model),
+            next_embedding_model=EmbeddingModelOut.model_validate(following) if following else None,
+            settings=CollectionSettings(
+                chunking=ChunkingSettings(
+                    max_tokens=collection.chunk_max_tokens,
+                    min_tokens=collection.chunk_min_tokens,
+                    overlap_tokens=collection.chunk_overlap_tokens,
+                ),
+                search=SearchSettings(
+                    top_k=collection.search_top_k,
+                    hybrid=collection.search_hybrid,
+                    semantic_weight=collection.semantic_weight,
+                ),
+            ),
+            documents=DocumentTotals(
+                total=collection.document_total,
+                pending=collection.pending_total,
+                processing=collection.processing_total,
+                ready=collection.ready_total,
+                failed=collection.failed_total,
+            ),
+            chunks=collection.chunk_total,
+            created_at=collection.created_at,
+            updated_at=collection.updated_at,
+        )
+
+
+class CollectionCreateIn(InputSchema):
+    name: str = Field(pattern=COLLECTION_NAME_PATTERN, max_length=COLLECTION_NAME_MAX_LENGTH, examples=["docs"])
+    description: str = Field("", max_length=10_000)
+    embedding_provider: Provider | None = Field(None, description="Default: EMBEDDING_PROVIDER")
+    embedding_model: str | None = Field(None, max_length=200, description="Default: the provider's default model")
+    chunk_max_tokens: int = Field(512, ge=16, le=8192)
+    chunk_min_tokens: int = Field(50, ge=0, le=8192)
+    chunk_overlap_tokens: int = Field(0, ge=0, le=4096)
+    semantic_weight: float | None = Field(None, ge=0.0, le=1.0, description="Hybrid fusion weight; None: default")
+
+
+class CollectionUpdateIn(InputSchema):
+    """Only the fields given change. A new embedding model is filled in the background."""
+
+    description: str | None = Field(None, max_length=10_000)
+    chunk_max_tokens: int | None = Field(None, ge=16, le=8192)
+    chunk_min_tokens: int | None = Field(None, ge=0, le=8192)
+    chunk_overlap_tokens: int | None = Field(None, ge=0, le=4096)
+    search_top_k: int | None = Field(None, ge=1, le=100)
+    search_hybrid: bool | None = None
+    semantic_weight: float | None = Field(None, ge=0.0, le=1.0)
+    clear_semantic_weight: bool = Field(False, description="Go back to the server default weight")
+    embedding_provider: Provider | None = Field(None, description="Re-embed with this provider's model")
+    embedding_model: str | None = Field(None, min_length=1, max_length=200, description="Re-embed with this model")
+
+
+class CollectionDeleteQuery(InputSchema):
+    confirm: bool = Field(False, description="Must be true: deleting a collection deletes all its documents")
+
+
+class CollectionDeletedOut(Schema):
+    success: bool
+    name: str
+    documents: int
+    chunks: int
+
+
+# --- documents --------------------------------------------------------------------------------
+
+
+class DocumentListQuery(InputSchema):
+    limit: int = Field(100, ge=1, le=1000)
+    offset: int = Field(0, ge=0, le=MAX_OFFSET)
+    status: DocumentStatusName | None = None
+
+
+class DocumentSummaryOut(Schema):
+    id: str
+    collection: str
+    source_uri: str
+    content_type: str
+    title: str
+    status: DocumentStatusName
+    chunk_count: int
+    embedded_count: int
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, document: Document) -> "DocumentSummaryOut":
+        return cls(
+            id=document.id,
+            collection=document.collection.name,
+            source_uri=document.source_uri,
+            content_type=document.content_type,
+            title=document.title,
+            status=document.status,
+            chunk_count=document.chunk_count,
+            embedded_count=document.embedded_count,
+            created_at=document.created_at,
+            updated_at=document.updated_at,
+        )
+
+
+class DocumentListOut(Schema):
+    collection: str
+    documents: list[DocumentSummaryOut]
+    count: int = Field(description="Documents in this page")
+    offset: int
+    limit: int
+
+
+class DocumentGetQuery(InputSchema):
+    chunks: bool = Field(False, description="Include the chunks")
+    content: bool = Field(False, description="Include the extracted text")
+
+
+class ChunkOut(Schema):
+    index: int
+    content: str
+    tokens: int
+    lines: str
+    line_start: int
+    line_end: int
+    page: int | None
+    metadata: dict[str, Any]
+
+    @classmethod
+    def of(cls, chunk: Chunk) -> "ChunkOut":
+        return cls(
+            index=chunk.index,
+            content=chunk.content,
+            tokens=chunk.token_count,
+            lines=chunk.lines,
+            line_start=chunk.line_start,
+            line_end=chunk.line_end,
+            page=chunk.page,
+            metadata=chunk.metadata or {},
+        )
+
+
+class DocumentOut(DocumentSummaryOut):
+    error_code: str
+    error: str
+    size_bytes: int
+    metadata: dict[str, Any]
+    content: str | None = Field(description="The extracted text, when asked for")
+    chunks: list[ChunkOut] | None = Field(description="The chunks, when asked for")
+
+    @classmethod
+    def of_document(cls, document: Document, *, chunks: Iterable[Chunk] | None, content: str | None) -> "DocumentOut":
+        return cls(
+            **DocumentSummaryOut.of(document).model_dump(),
+            error_code=document.error_code,
+            error=document.error,
+            size_bytes=document.size_bytes,
+            metadata=document.metadata or {},
+            content=content,
+            chunks=None if chunks is None else [ChunkOut.of(chunk) for chunk in chunks],
+        )
+
+
+class IngestIn(InputSchema):
+    uri: str = Field(
+        min_length=1,
+        description="file:// (under KB_FILE_ROOTS), http(s):// or data: URI; a directory ingests every file in it",
+        examples=["data:,Hello from the knowledge base"],
+    )
+    content_type: ContentType | None = Field(None, description="Override the detected content type")
+    metadata: dict[str, Any] | None = None
+    title: str | None = Field(None, max_length=500)
+    recursive: bool = Field(True, description="For directories: include subdirectories")
+    force: bool = Field(False, description="Re-chunk even when the content did not change")
+
+
+class UploadForm(InputSchema):
+    content_type: ContentType | None = Field(None, description="Override the detected content type")
+    metadata: Json[dict[str, Any]] | None = Field(None, description="A JSON object attached to every file")
+
+
+class IngestItemOut(Schema):
+    source_uri: str
+    outcome: Outcome
+    doc_id: str | None
+    status: DocumentStatusName | None
+    chunks: int
+    chunks_reused: int
+    error: ErrorDetail | None
+
+    @classmethod
+    def of(cls, item: IngestItem) -> "IngestItemOut":
+        document = item.document
+        return cls(
+            source_uri=item.source_uri,
+            outcome=item.outcome,
+            doc_id=document.id if document else None,
+            status=document.status if document else None,
+            chunks=document.chunk_count if document else 0,
+            chunks_reused=item.chunks_reused,
+            error=ErrorDetail(code=item.error.code, message=item.error.message) if item.error else None,
+        )
+
+    @classmethod
+    def of_stored(cls, stored: StoredDocument) -> "IngestItemOut":
+        return cls.of(
+            IngestItem(
+                source_uri=stored.document.source_uri,
+                outcome=stored.outcome,
+                document=stored.document,
+                chunks_reused=stored.chunks_reused,
+            )
+        )
+
+
+class IngestOut(Schema):
+    collection: str
+    created: int
+    updated: int
+    unchanged: int
+    failed: int
+    items: list[IngestItemOut]
+
+    @classmethod
+    def of(cls, collection: str, items: Sequence[IngestItem]) -> "IngestOut":
+        def count(outcome: str) -> int:
+            return sum(1 for item in items if item.outcome == outcome)
+
+        return cls(
+            collection=collection,
+            created=count("created"),
+            updated=count("updated"),
+            unchanged=count("unchanged"),
+            failed=count("failed"),
+            items=[IngestItemOut.of(item) for item in items],
+        )
+
+
+class DocumentDeletedOut(Schema):
+    success: bool
+    deleted_doc_id: str
+    source_uri: str
+    collection: str
+
+
+# --- search, stats, health --------------------------------------------------------------------
+
+
+class SearchIn(InputSchema):
+    query: str = Field(min_length=1, max_length=10_000, examples=["How do I deploy the service?"])
+    collections: list[str] | None = Field(None, max_length=1000, description="Default: every collection you can see")
+    top_k: int = Field(10, ge=1, le=100)
+    mode: Mode = "hybrid"
+    semantic_weight: float | None = Field(
+        None, ge=0.0, le=1.0, description="Hybrid fusion weight (1.0 semantic only); default: the collection's"
+    )
+    min_score: float | None = Field(None, ge=-1e9, le=1e9, description="Drop results with a lower fused score")
+    min_similarity: float | None = Field(None, ge=-1.0, le=1.0, description="Drop results less similar (cosine)")
+    document_ids: list[str] | None = Field(None, max_length=10_000, description="Only these documents")
+    content_types: list[ContentType] | None = Field(None, description="Only documents of these content types")
+    metadata: dict[str, Any] | None = Field(
+        None,
+        description="Filter on document metadata, e.g. "
+        '{"author": "Smith", "year": {"$gte": 2020}, "lang": {"$in": ["en"]}}',
+    )
+    candidate_depth: int | None = Field(None, ge=1, le=10_000, description="Candidates per retriever before fusion")
+
+
+class SearchResultOut(Schema):
+    rank: int
+    score: float
+    similarity: float | None
+    vector_rank: int | None
+    keyword_rank: int | None
+    keyword_score: float | None
+    chunk_id: int
+    content: str
+    document_id: str
+    source_uri: str
+    title: str
+    content_type: str
+    collection: str
+    chunk_index: int
+    lines: str
+    line_start: int
+    line_end: int
+    page: int | None
+    token_count: int
+    metadata: dict[str, Any]
+    chunk_metadata: dict[str, Any]
+
+
+class SearchOut(Schema):
+    query: str
+    mode: Mode
+    semantic_weight: float
+    total_results: int
+    results: list[SearchResultOut]
+    warnings: list[str]
+
+    @classmethod
+    def of(cls, response: SearchResponse) -> "SearchOut":
+        return cls(
+            query=response.query,
+            mode=response.mode,
+            semantic_weight=response.semantic_weight,
+            total_results=len(response.results),
+            results=[SearchResultOut(**result.as_dict()) for result in response.results],
+            warnings=response.warnings,
+        )
+
+
+class StatsQuery(InputSchema):
+    collection: str | None = Field(
+        None, pattern=COLLECTION_NAME_PATTERN, max_length=COLLECTION_NAME_MAX_LENGTH, description="Default: all"
+    )
+
+
+class StatsOut(Schema):
+    collections: int
+    documents: int
+    chunks: int
+    embeddings: int
+    storage_bytes: int
+    filter: str | None
+    pending: int
+    processing: int
+    failed: int
+
+    @classmethod
+    def of(cls, stats: Stats) -> "StatsOut":
+        return cls(**stats.as_dict())
+
+
+class HealthOut(Schema):
+    status: Literal["ok", "error"]
+    checks: dict[str, dict[str, Any]]

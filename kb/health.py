@@ -1,0 +1,118 @@
+"""Health checks behind ``/health`` and ``/api/health``: database, broker, embedding providers.
+
+Each check is cheap (one query, one broker connection, one small HTTP request with a short
+timeout) and never loads an ML library, so load balancers may poll it. The embedding check
+covers the default model and every model a collection uses or is switching to.
+"""
+
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+from kb.models import Collection
+
+# Seconds a broker connection or a provider request may take before the check reports it down.
+CHECK_TIMEOUT_SECONDS = 2.0
+
+
+def health_report() -> dict[str, Any]:
+    checks = {"database": database_check(), "broker": broker_check()}
+    checks["embedding"] = embedding_check(models=_models_in_use(database_ok=checks["database"]["ok"]))
+    ok = all(check["ok"] for check in checks.values())
+    return {"status": "ok" if ok else "error", "checks": checks}
+
+
+def database_check() -> dict[str, Any]:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+            row = cursor.fetchone()
+    except DatabaseError as exc:
+        return {"ok": False, "error": str(exc).strip()}
+    if row is None:
+        return {"ok": False, "pgvector": None, "error": "the pgvector extension is not installed"}
+    return {"ok": True, "pgvector": row[0]}
+
+
+def broker_check(*, url: str | None = None) -> dict[str, Any]:
+    """Connect to the Celery broker (``url`` or the configured one) once, without retrying."""
+    from config.celery import app
+
+    try:
+        with app.connection_for_write(url=url, connect_timeout=CHECK_TIMEOUT_SECONDS) as broker:
+            broker.ensure_connection(max_retries=1, interval_start=0, timeout=CHECK_TIMEOUT_SECONDS)
+            transport = broker.transport.driver_type
+    except Exception as exc:  # noqa: BLE001 - kombu raises many types; any of them means "down"
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True, "transport": transport}
+
+
+def embedding_check(*, models: list[tuple[str, str]]) -> dict[str, Any]:
+    results = {f"{provider}:{name}": _model_check(provider, name) for provider, name in models}
+    return {"ok": all(result["ok"] for result in results.values()), "models": results}
+
+
+def _models_in_use(*, database_ok: bool) -> list[tuple[str, str]]:
+    models = {(settings.EMBEDDING_PROVIDER, settings.EMBEDDING_MODEL)}
+    if database_ok:
+        models |= set(Collection.objects.values_list("embedding_model__provider", "embedding_model__name"))
+        models |= set(
+            Collection.objects.filter(next_embedding_model__isnull=False).values_list(
+                "next_embedding_model__provider", "next_embedding_model__name"
+            )
+        )
+    return sorted(models)
+
+
+def _model_check(provider: str, name: str) -> dict[str, Any]:
+    if provider == "local":
+        return _local_check(name)
+    if provider == "ollama":
+        return _ollama_check(name)
+    if provider == "openai":
+        return _openai_check()
+    return {"ok": False, "error": f"unknown provider {provider!r}"}
+
+
+def _local_check(name: str) -> dict[str, Any]:
+    import importlib.util
+
+    from kb.embeddings import EmbeddingError, _local_model_path
+
+    # find_spec does not import: torch stays unloaded in the web process.
+    if importlib.util.find_spec("sentence_transformers") is None:
+        return {"ok": False, "error": "sentence-transformers is not installed"}
+    try:
+        path = _local_model_path(name)
+    except EmbeddingError as error:
+        return {"ok": False, "error": error.message}
+    return {"ok": True, "path": str(path)}
+
+
+def _ollama_check(name: str) -> dict[str, Any]:
+    import httpx
+
+    try:
+        response = httpx.get(f"{settings.OLLAMA_HOST.rstrip('/')}/api/tags", timeout=CHECK_TIMEOUT_SECONDS)
+        response.raise_for_status()
+        pulled = {model.get("name", "") for model in response.json().get("models", [])}
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        return {"ok": False, "error": f"Ollama at {settings.OLLAMA_HOST} is unreachable: {exc}"}
+    if name not in pulled and f"{name}:latest" not in pulled:
+        return {"ok": False, "error": f"Ollama has no model {name!r} (run `ollama pull {name}`)"}
+    return {"ok": True, "host": settings.OLLAMA_HOST}
+
+
+def _openai_check() -> dict[str, Any]:
+    import httpx
+
+    base = (settings.OPENAI_BASE_URL or "https://api.openai.com/v1").rstrip("/")
+    headers = {"Authorization": f"Bearer {settings.OPENAI_API_KEY}"} if settings.OPENAI_API_KEY else {}
+    try:
+        response = httpx.get(f"{base}/models", headers=headers, timeout=CHECK_TIMEOUT_SECONDS)
+    except httpx.HTTPError as exc:
+        return {"ok": False, "error": f"{base} is unreachable: {exc}"}
+    if response.status_code != 200:
+        return {"ok": False, "error": f"{base}/models answered HTTP {response.status_code}"}
+    return {"ok": True, "base_url": base}
