@@ -85,12 +85,13 @@ def _store_vectors(document: Document, model: EmbeddingModel, chunk_ids: list[in
         renewed = Document.objects.filter(pk=document.pk).update(lease_expires_at=_lease_deadline())
         if not renewed:
             return False
-        _insert_vectors(model, chunk_ids, vectors)
+        insert_vectors(model, chunk_ids, vectors)
         _refresh_embedded_counts(document.collection, Document.objects.filter(pk=document.pk))
     return True
 
 
-def _insert_vectors(model: EmbeddingModel, chunk_ids: list[int], vectors: list[list[float]]) -> None:
+def insert_vectors(model: EmbeddingModel, chunk_ids: list[int], vectors: list[list[float]]) -> None:
+    """Store vectors of ``model`` for chunks that still exist; a chunk's existing vector is kept."""
     model = embedding_model_record_dimensions(model=model, dimensions=len(vectors[0]))
     with connection.cursor() as cursor:
         # Only chunks that still exist: an update may have replaced them meanwhile.
@@ -226,7 +227,7 @@ def collection_reembed_step(*, collection_id: int) -> bool:
     )
     if batch:
         vectors = embed_texts(model.provider, model.name, [content for _, content in batch])
-        _insert_vectors(model, [chunk_id for chunk_id, _ in batch], vectors)
+        insert_vectors(model, [chunk_id for chunk_id, _ in batch], vectors)
         return False
     with transaction.atomic():
         collection = Collection.objects.select_for_update().get(pk=collection_id)
