@@ -1,0 +1,218 @@
+"""Collections: counts per status at a glance, settings, model switches, deletes that say what goes."""
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import actions as stock_actions
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+
+from kb.admin.common import adopt
+from kb.admin_selectors import collections_removal
+from kb.forms import CollectionForm
+from kb.models import Collection, Embedding, EmbeddingModel
+from kb.selectors import collection_list
+from kb.services.collections import collection_create, collection_delete, collection_update
+from kb.services.embedding import collection_switch_model
+
+
+@admin.register(Collection)
+class CollectionAdmin(admin.ModelAdmin):
+    form = CollectionForm
+    list_display = [
+        "name",
+        "model_column",
+        "documents_column",
+        "chunks_column",
+        "ready_column",
+        "pending_column",
+        "processing_column",
+        "failed_column",
+        "updated_at",
+    ]
+    search_fields = ["name", "description"]
+    actions = ["delete_selected"]
+    fieldsets = [
+        (None, {"fields": ["name", "description", "uuid"]}),
+        ("Embeddings", {"fields": ["embedding_provider", "embedding_model_name", "model_status"]}),
+        ("Chunking", {"fields": ["chunk_max_tokens", "chunk_min_tokens", "chunk_overlap_tokens"]}),
+        ("Search defaults", {"fields": ["search_top_k", "search_hybrid", "semantic_weight"]}),
+        ("Contents", {"fields": ["contents", "created_at", "updated_at"]}),
+    ]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Collection]:
+        # One query: document counts per status and chunk totals come annotated.
+        return collection_list()
+
+    def get_fieldsets(self, request: HttpRequest, obj: Collection | None = None) -> list[Any]:
+        if obj is None:
+            return [(None, {"fields": ["name", "description"]}), *self.fieldsets[1:4]]
+        return self.fieldsets
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Collection | None = None) -> list[str]:
+        fields = ["uuid", "model_status", "contents", "created_at", "updated_at"]
+        # Renaming is not supported: clients (and API tokens) refer to collections by name.
+        return ["name", *fields] if obj is not None else fields
+
+    # --- list columns -------------------------------------------------------------------
+
+    @admin.display(description="Embedding model", ordering="embedding_model__name")
+    def model_column(self, obj: Collection) -> str:
+        if obj.next_embedding_model_id:
+            return format_html(
+                "{} <span class='kb-muted'>→ {} (re-embedding)</span>", obj.embedding_model, obj.next_embedding_model
+            )
+        return str(obj.embedding_model)
+
+    @admin.display(description="Documents", ordering="document_total")
+    def documents_column(self, obj: Collection) -> str:
+        url = reverse("admin:kb_document_changelist") + f"?collection__id__exact={obj.pk}"
+        return format_html('<a href="{}">{}</a>', url, obj.document_total)
+
+    @admin.display(description="Chunks", ordering="chunk_total")
+    def chunks_column(self, obj: Collection) -> int:
+        return obj.chunk_total
+
+    @admin.display(description="Ready", ordering="ready_total")
+    def ready_column(self, obj: Collection) -> str:
+        return self._status_link(obj, "ready", obj.ready_total)
+
+    @admin.display(description="Pending", ordering="pending_total")
+    def pending_column(self, obj: Collection) -> str:
+        return self._status_link(obj, "pending", obj.pending_total)
+
+    @admin.display(description="Processing", ordering="processing_total")
+    def processing_column(self, obj: Collection) -> str:
+        return self._status_link(obj, "processing", obj.processing_total)
+
+    @admin.display(description="Failed", ordering="failed_total")
+    def failed_column(self, obj: Collection) -> str:
+        return self._status_link(obj, "failed", obj.failed_total)
+
+    def _status_link(self, obj: Collection, status: str, count: int) -> str:
+        if not count:
+            return "0"
+        url = reverse("admin:kb_document_changelist") + f"?collection__id__exact={obj.pk}&status__exact={status}"
+        return format_html('<a class="kb-count kb-count-{}" href="{}">{}</a>', status, url, count)
+
+    # --- detail fields ------------------------------------------------------------------
+
+    @admin.display(description="Search uses")
+    def model_status(self, obj: Collection) -> str:
+        if not obj.next_embedding_model_id:
+            return str(obj.embedding_model)
+        done = Embedding.objects.filter(collection=obj, model_id=obj.next_embedding_model_id).count()
+        return format_html(
+            "{} — re-embedding with {}: {} of {} chunks done; search switches when all are.",
+            obj.embedding_model,
+            obj.next_embedding_model,
+            done,
+            obj.chunk_total,
+        )
+
+    @admin.display(description="Contents")
+    def contents(self, obj: Collection) -> str:
+        url = reverse("admin:kb_document_changelist") + f"?collection__id__exact={obj.pk}"
+        playground = reverse("admin:kb_playground") + f"?collections={obj.name}"
+        return format_html(
+            '<a href="{}">{} documents</a> ({} ready, {} pending, {} processing, {} failed), {} chunks. '
+            '<a href="{}">Search this collection</a>.',
+            url,
+            obj.document_total,
+            obj.ready_total,
+            obj.pending_total,
+            obj.processing_total,
+            obj.failed_total,
+            obj.chunk_total,
+            playground,
+        )
+
+    # --- writes go through the services -------------------------------------------------
+
+    def save_model(self, request: HttpRequest, obj: Collection, form: CollectionForm, change: bool) -> None:
+        data = form.cleaned_data
+        if change:
+            collection_update(
+                collection=obj,
+                description=data["description"],
+                chunk_max_tokens=data["chunk_max_tokens"],
+                chunk_min_tokens=data["chunk_min_tokens"],
+                chunk_overlap_tokens=data["chunk_overlap_tokens"],
+                search_top_k=data["search_top_k"],
+                search_hybrid=data["search_hybrid"],
+                semantic_weight=data["semantic_weight"],
+                clear_semantic_weight=data["semantic_weight"] is None,
+            )
+            self._switch_model_if_asked(request, obj, data)
+            return
+        created = collection_create(
+            name=data["name"],
+            description=data["description"],
+            embedding_provider=data["embedding_provider"],
+            embedding_model=data["embedding_model_name"],
+            chunk_max_tokens=data["chunk_max_tokens"],
+            chunk_min_tokens=data["chunk_min_tokens"],
+            chunk_overlap_tokens=data["chunk_overlap_tokens"],
+            semantic_weight=data["semantic_weight"],
+        )
+        created = collection_update(
+            collection=created, search_top_k=data["search_top_k"], search_hybrid=data["search_hybrid"]
+        )
+        adopt(obj, created)
+
+    def _switch_model_if_asked(self, request: HttpRequest, collection: Collection, data: dict[str, Any]) -> None:
+        wanted = (data["embedding_provider"], data["embedding_model_name"].strip())
+        shown = collection.next_embedding_model or collection.embedding_model
+        if wanted == (shown.provider, shown.name):
+            return
+        collection = collection_switch_model(collection=collection, provider=wanted[0], model_name=wanted[1])
+        if collection.next_embedding_model_id:
+            messages.info(
+                request,
+                f"Re-embedding {collection.name} with {wanted[0]}:{wanted[1]} in the background; "
+                f"search keeps using {collection.embedding_model} until every chunk has a new vector.",
+            )
+        else:
+            messages.info(request, f"Re-embedding cancelled: {collection.name} stays on {collection.embedding_model}.")
+
+    def delete_model(self, request: HttpRequest, obj: Collection) -> None:
+        removed = collection_delete(name=obj.name)
+        messages.info(request, f"Removed {removed.documents} documents and {removed.chunks} chunks of {removed.name}.")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Collection]) -> None:
+        for name in list(queryset.values_list("name", flat=True)):
+            collection_delete(name=name)
+
+    # --- delete confirmations list what the database will cascade ------------------------
+
+    def render_delete_form(self, request: HttpRequest, context: dict[str, Any]) -> HttpResponse:
+        context["kb_removal"] = collections_removal(collection_ids=[context["object"].pk])
+        return super().render_delete_form(request, context)
+
+    @admin.action(permissions=["delete"], description="Delete selected collections")
+    def delete_selected(self, request: HttpRequest, queryset: QuerySet[Collection]) -> HttpResponse | None:
+        response = stock_actions.delete_selected(self, request, queryset)
+        if isinstance(response, TemplateResponse):
+            ids = list(queryset.values_list("pk", flat=True))
+            response.context_data["kb_removal"] = collections_removal(collection_ids=ids)
+        return response
+
+
+@admin.register(EmbeddingModel)
+class EmbeddingModelAdmin(admin.ModelAdmin):
+    """Read-only: models are recorded by the services when a collection first uses them."""
+
+    list_display = ["provider", "name", "dimensions", "created_at"]
+    list_filter = ["provider"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: EmbeddingModel | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: EmbeddingModel | None = None) -> bool:
+        return False

@@ -1,0 +1,114 @@
+"""API tokens: created through the token service, shown in plain text exactly once, revoked by action."""
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+
+from kb.admin.common import adopt, run_each
+from kb.forms import ApiTokenForm
+from kb.models import ApiToken
+from kb.services.tokens import token_create, token_revoke
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    form = ApiTokenForm
+    list_display = [
+        "name",
+        "prefix",
+        "scope",
+        "collections_column",
+        "state",
+        "created_by",
+        "created_at",
+        "last_used_at",
+    ]
+    list_filter = ["scope"]
+    list_select_related = ["created_by"]
+    search_fields = ["name", "prefix"]
+    filter_horizontal = ["collections"]
+    actions = ["revoke"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiToken]:
+        return super().get_queryset(request).prefetch_related("collections")
+
+    def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
+        if obj is None:
+            return ["name", "scope", "collections", "expires_at"]
+        return [
+            "name",
+            "prefix",
+            "scope",
+            "collections_column",
+            "state",
+            "created_by",
+            "created_at",
+            "last_used_at",
+            "expires_at",
+            "revoked_at",
+        ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
+        # A token is not edited: revoke it and create another. Only its hash is stored anyway.
+        return [] if obj is None else self.get_fields(request, obj)
+
+    @admin.display(description="Collections")
+    def collections_column(self, obj: ApiToken) -> str:
+        return ", ".join(collection.name for collection in obj.collections.all()) or "all"
+
+    @admin.display(description="State")
+    def state(self, obj: ApiToken) -> str:
+        if obj.revoked_at:
+            return "revoked"
+        if obj.expires_at and obj.expires_at <= timezone.now():
+            return "expired"
+        return "active"
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: ApiTokenForm, change: bool) -> None:
+        if change:
+            return
+        data = form.cleaned_data
+        token, plaintext = token_create(
+            name=data["name"],
+            scope=data["scope"],
+            collections=[collection.name for collection in data["collections"]],
+            created_by=request.user,
+            expires_at=data["expires_at"],
+        )
+        adopt(obj, token)
+        # Kept on the request only: response_add shows it once and it is never stored.
+        request.kb_token_plaintext = plaintext
+
+    def save_related(self, request: HttpRequest, form: ApiTokenForm, formsets: Any, change: bool) -> None:
+        """token_create already linked the collections."""
+
+    def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue: str | None = None) -> HttpResponse:
+        plaintext = getattr(request, "kb_token_plaintext", None)
+        if plaintext is None or "_popup" in request.POST:
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "API token created",
+            "token": obj,
+            "plaintext": plaintext,
+            "list_url": reverse("admin:kb_apitoken_changelist"),
+        }
+        response = TemplateResponse(request, "admin/kb/apitoken/created.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @admin.action(permissions=["change"], description="Revoke selected tokens")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        run_each(
+            request,
+            list(queryset.filter(revoked_at__isnull=True).values_list("prefix", "name")),
+            lambda token: token_revoke(prefix=token[0]),
+            done="Revoked {count} token{s}.",
+            name=lambda token: token[1],
+        )

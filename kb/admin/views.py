@@ -1,0 +1,137 @@
+"""The admin's own pages: adding documents (uploads, URLs, data: URIs), the live status feed
+and the search playground. Each one reads a form and calls a service or a selector."""
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from kb.admin_selectors import chunk_highlights, document_statuses, ingestion_queue
+from kb.errors import KBError
+from kb.forms import DocumentSourceForm, DocumentUploadForm, PlaygroundForm
+from kb.models import Chunk, Document
+from kb.search import SearchResponse, search
+from kb.services.ingest import IngestReport, document_ingest, document_ingest_upload, network_file_roots
+
+# --- adding documents -------------------------------------------------------------------------
+
+
+def document_add(request: HttpRequest, model_admin: admin.ModelAdmin) -> HttpResponse:
+    """Two ways in on one page: upload files, or name a source (URL, data: URI, file path)."""
+    if not model_admin.has_add_permission(request):
+        raise PermissionDenied
+    upload_form, source_form = DocumentUploadForm(prefix="upload"), DocumentSourceForm(prefix="source")
+    initial = {"collection": request.GET.get("collection")}
+    upload_form.initial, source_form.initial = dict(initial), dict(initial)
+    if request.method == "POST" and request.POST.get("form") == "upload":
+        upload_form = DocumentUploadForm(request.POST, request.FILES, prefix="upload")
+        if upload_form.is_valid() and _ingest_uploads(request, upload_form):
+            return _to_collection_documents(upload_form.cleaned_data["collection"].pk)
+    elif request.method == "POST" and request.POST.get("form") == "source":
+        source_form = DocumentSourceForm(request.POST, prefix="source")
+        if source_form.is_valid() and _ingest_source(request, source_form):
+            return _to_collection_documents(source_form.cleaned_data["collection"].pk)
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": Document._meta,
+        "title": "Add documents",
+        "upload_form": upload_form,
+        "source_form": source_form,
+        "media": model_admin.media + upload_form.media,
+    }
+    return TemplateResponse(request, "admin/kb/document/add.html", context)
+
+
+def _ingest_uploads(request: HttpRequest, form: DocumentUploadForm) -> bool:
+    """Each file on its own: one bad file does not stop the others. True if any got in."""
+    data, stored = form.cleaned_data, 0
+    for upload in data["files"]:
+        try:
+            result = document_ingest_upload(
+                collection=data["collection"],
+                filename=upload.name,
+                data=upload.read(),
+                content_type=data["content_type"] or None,
+                metadata=data["metadata"],
+            )
+        except KBError as error:
+            messages.error(request, f"{upload.name}: {error.message} ({error.code})")
+            continue
+        stored += 1
+        messages.success(request, f"{upload.name}: {result.outcome}.")
+    return stored > 0
+
+
+def _ingest_source(request: HttpRequest, form: DocumentSourceForm) -> bool:
+    data = form.cleaned_data
+    try:
+        report = document_ingest(
+            collection=data["collection"],
+            uri=data["uri"],
+            file_roots=network_file_roots(),
+            content_type=data["content_type"] or None,
+            metadata=data["metadata"],
+            title=data["title"] or None,
+        )
+    except KBError as error:
+        messages.error(request, f"{error.message} ({error.code})")
+        return False
+    _report(request, report)
+    return len(report.failed) < len(report.items)
+
+
+def _report(request: HttpRequest, report: IngestReport) -> None:
+    counts = {outcome: report.count(outcome) for outcome in ("created", "updated", "unchanged", "failed")}
+    summary = ", ".join(f"{count} {outcome}" for outcome, count in counts.items() if count)
+    messages.info(request, f"Ingested {len(report.items)} source(s): {summary or 'nothing found'}.")
+    for item in report.failed[:20]:
+        error = item.error.message if item.error else "failed"
+        messages.error(request, f"{item.source_uri}: {error}")
+
+
+def _to_collection_documents(collection_id: int) -> HttpResponse:
+    return HttpResponseRedirect(reverse("admin:kb_document_changelist") + f"?collection__id__exact={collection_id}")
+
+
+# --- live status --------------------------------------------------------------------------------
+
+
+def document_status(request: HttpRequest) -> JsonResponse:
+    """Polled by kb/status.js: the given documents' status and progress, and the queue."""
+    documents = document_statuses(ids=request.GET.getlist("id"))
+    return JsonResponse({"documents": documents, "queue": ingestion_queue()})
+
+
+# --- search playground ------------------------------------------------------------------------
+
+
+def playground(request: HttpRequest, model_admin: admin.ModelAdmin) -> HttpResponse:
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    form = PlaygroundForm(request.GET if "q" in request.GET else None)
+    response: SearchResponse | None = None
+    if form.is_bound and form.is_valid():
+        try:
+            response = search(**form.search_arguments())
+        except KBError as error:
+            form.add_error(None, f"{error.message} ({error.code})")
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": Chunk._meta,
+        "title": "Search playground",
+        "form": form,
+        "response": response,
+        "results": _results_with_highlights(response) if response else [],
+    }
+    return TemplateResponse(request, "admin/kb/playground.html", context)
+
+
+def _results_with_highlights(response: SearchResponse) -> list[dict[str, Any]]:
+    highlights = chunk_highlights(query=response.query, chunk_ids=[result.chunk_id for result in response.results])
+    return [
+        {"result": result, "highlighted": highlights.get(result.chunk_id, result.content)}
+        for result in response.results
+    ]

@@ -1,0 +1,194 @@
+"""Forms of the admin's pages. They check the shape of the input; the services decide the rest
+(their validators are reused here so that mistakes show next to the field, not as a crash)."""
+
+import json
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+
+from kb.errors import KBError
+from kb.ingestion.formats import CONTENT_TYPES
+from kb.models import ApiToken, Collection, EmbeddingProvider
+from kb.search import MODES
+from kb.services.collections import validate_chunk_settings, validate_collection_name, validate_semantic_weight
+
+CONTENT_TYPE_CHOICES = [("", "Detect automatically")] + [(kind, kind) for kind in CONTENT_TYPES]
+
+
+class JSONObjectField(forms.CharField):
+    """A JSON object typed into a textarea; empty means none."""
+
+    widget = forms.Textarea(attrs={"rows": 3, "cols": 60, "spellcheck": "false"})
+
+    def to_python(self, value: Any) -> dict[str, Any] | None:
+        text = (super().to_python(value) or "").strip()
+        if not text:
+            return None
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+        if not isinstance(parsed, dict):
+            raise forms.ValidationError('Use a JSON object, like {"author": "Smith"}.')
+        return parsed
+
+
+# --- collections ----------------------------------------------------------------------------
+
+
+class CollectionForm(forms.ModelForm):
+    embedding_provider = forms.ChoiceField(choices=EmbeddingProvider.choices)
+    embedding_model_name = forms.CharField(
+        label="Embedding model",
+        max_length=200,
+        help_text="Defaults: "
+        + ", ".join(f"{provider}: {model}" for provider, model in settings.EMBEDDING_DEFAULT_MODELS.items())
+        + ". Changing it re-embeds the collection in the background; search switches when it is done.",
+    )
+    search_top_k = forms.IntegerField(
+        label="Search top k", initial=10, validators=[MinValueValidator(1), MaxValueValidator(100)]
+    )
+
+    class Meta:
+        model = Collection
+        fields = [
+            "name",
+            "description",
+            "chunk_max_tokens",
+            "chunk_min_tokens",
+            "chunk_overlap_tokens",
+            "search_top_k",
+            "search_hybrid",
+            "semantic_weight",
+        ]
+        help_texts = {
+            "semantic_weight": "Share of semantic search in hybrid ranking, 0 to 1. Empty: the server default "
+            "(KB_SEMANTIC_WEIGHT).",
+            "chunk_max_tokens": "New chunk settings apply to documents ingested or re-ingested later.",
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        collection = self.instance
+        if collection.pk:
+            model = collection.next_embedding_model or collection.embedding_model
+            self.initial.setdefault("embedding_provider", model.provider)
+            self.initial.setdefault("embedding_model_name", model.name)
+        else:
+            self.initial.setdefault("embedding_provider", settings.EMBEDDING_PROVIDER)
+            self.initial.setdefault("embedding_model_name", settings.EMBEDDING_MODEL)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        try:
+            if "name" in data:
+                validate_collection_name(data["name"])
+            if all(data.get(key) is not None for key in ("chunk_max_tokens", "chunk_min_tokens")):
+                validate_chunk_settings(
+                    max_tokens=data["chunk_max_tokens"],
+                    min_tokens=data["chunk_min_tokens"],
+                    overlap_tokens=data.get("chunk_overlap_tokens") or 0,
+                )
+            validate_semantic_weight(data.get("semantic_weight"))
+        except KBError as error:
+            raise forms.ValidationError(error.message) from None
+        return data
+
+
+# --- documents ------------------------------------------------------------------------------
+
+
+class MultipleFileInput(forms.ClearableFileInput):
+    allow_multiple_selected = True
+
+
+class MultipleFileField(forms.FileField):
+    widget = MultipleFileInput
+
+    def clean(self, data: Any, initial: Any = None) -> list[Any]:
+        single = super().clean
+        files = data if isinstance(data, list | tuple) else [data]
+        # No file at all is checked like a single missing one (required or not).
+        return [single(item, initial) for item in files] if files else [single(None, initial)]
+
+
+def _collection_field() -> forms.ModelChoiceField:
+    return forms.ModelChoiceField(queryset=Collection.objects.only("id", "name").order_by("name"))
+
+
+class DocumentUploadForm(forms.Form):
+    collection = _collection_field()
+    files = MultipleFileField(label="Files", help_text="Select one file or several at once.")
+    content_type = forms.ChoiceField(choices=CONTENT_TYPE_CHOICES, required=False, label="Content type")
+    metadata = JSONObjectField(required=False, help_text='Added to every file, e.g. {"author": "Smith"}.')
+
+
+class DocumentSourceForm(forms.Form):
+    collection = _collection_field()
+    uri = forms.CharField(
+        label="URL or data: URI",
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60, "spellcheck": "false"}),
+        help_text="An https:// or http:// address (public hosts only), a data: URI, or a file:// path inside "
+        "KB_FILE_ROOTS (a folder ingests every supported file in it).",
+    )
+    title = forms.CharField(required=False, max_length=500)
+    content_type = forms.ChoiceField(choices=CONTENT_TYPE_CHOICES, required=False, label="Content type")
+    metadata = JSONObjectField(required=False)
+
+
+# --- search playground ----------------------------------------------------------------------
+
+
+class PlaygroundForm(forms.Form):
+    q = forms.CharField(label="Query", max_length=2000, widget=forms.TextInput(attrs={"size": 60}))
+    collections = forms.ModelMultipleChoiceField(
+        queryset=Collection.objects.only("id", "name").order_by("name"),
+        to_field_name="name",
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="None selected: every collection.",
+    )
+    mode = forms.ChoiceField(choices=[(mode, mode) for mode in MODES], initial="hybrid", widget=forms.RadioSelect)
+    semantic_weight = forms.FloatField(
+        required=False,
+        min_value=0.0,
+        max_value=1.0,
+        help_text="Hybrid only. Empty: the collection's setting or the server default.",
+    )
+    top_k = forms.IntegerField(initial=10, min_value=1, max_value=100, label="Top k")
+    min_score = forms.FloatField(required=False, label="Minimum fused score")
+    min_similarity = forms.FloatField(required=False, min_value=-1.0, max_value=1.0, label="Minimum similarity")
+    content_types = forms.MultipleChoiceField(
+        choices=[(kind, kind) for kind in CONTENT_TYPES], required=False, widget=forms.SelectMultiple(attrs={"size": 4})
+    )
+    metadata = JSONObjectField(
+        required=False,
+        label="Metadata filter",
+        help_text='For example {"author": "Smith", "year": {"$gte": 2020}}. Operators: $eq $ne $gt $gte $lt $lte $in.',
+    )
+
+    def search_arguments(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        return {
+            "query": data["q"],
+            "collections": [collection.name for collection in data["collections"]] or None,
+            "mode": data["mode"],
+            "semantic_weight": data["semantic_weight"],
+            "top_k": data["top_k"] or 10,
+            "min_score": data["min_score"],
+            "min_similarity": data["min_similarity"],
+            "content_types": data["content_types"] or None,
+            "metadata": data["metadata"],
+        }
+
+
+# --- API tokens -----------------------------------------------------------------------------
+
+
+class ApiTokenForm(forms.ModelForm):
+    class Meta:
+        model = ApiToken
+        fields = ["name", "scope", "collections", "expires_at"]
+        help_texts = {"collections": "None selected: every collection."}

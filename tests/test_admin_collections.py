@@ -1,0 +1,185 @@
+"""The collection pages of the admin: list with counts, create, edit, model switch, delete."""
+
+import pytest
+from django.urls import reverse
+
+from kb.models import Chunk, Collection, Document, Embedding
+from tests.support.admin_data import (
+    add_text,
+    fail,
+    fast_password_hashing,  # noqa: F401 - an autouse fixture
+    give_vectors,
+    make_collection,
+    many_documents,
+    staff_client,
+)
+
+pytestmark = pytest.mark.django_db
+
+LIST = reverse("admin:kb_collection_changelist")
+ADD = reverse("admin:kb_collection_add")
+
+
+def change_url(collection: Collection) -> str:
+    return reverse("admin:kb_collection_change", args=[collection.pk])
+
+
+def delete_url(collection: Collection) -> str:
+    return reverse("admin:kb_collection_delete", args=[collection.pk])
+
+
+def form_data(**overrides: object) -> dict[str, object]:
+    data = {
+        "name": "handbook",
+        "description": "The staff handbook",
+        "embedding_provider": "local",
+        "embedding_model_name": "all-MiniLM-L6-v2",
+        "chunk_max_tokens": 256,
+        "chunk_min_tokens": 20,
+        "chunk_overlap_tokens": 10,
+        "search_top_k": 7,
+        "search_hybrid": "on",
+        "semantic_weight": "0.4",
+    }
+    data.update(overrides)
+    return data
+
+
+def test_it_lists_collections_with_counts_per_status_and_the_model(admin_client):
+    collection = make_collection("handbook")
+    ready = add_text(collection, "note://ready")
+    give_vectors(ready)
+    add_text(collection, "note://pending")
+    fail(add_text(collection, "note://broken"), "LOAD_FAILED", "unreadable")
+    response = admin_client.get(LIST)
+    assert response.status_code == 200
+    row = response.context["cl"].result_list[0]
+    assert (row.document_total, row.ready_total, row.pending_total, row.failed_total) == (3, 1, 1, 1)
+    assert row.chunk_total == Chunk.objects.filter(collection=collection).count()
+    html = response.content.decode()
+    assert "local:all-MiniLM-L6-v2" in html
+    assert f"?collection__id__exact={collection.pk}&amp;status__exact=failed" in html
+
+
+def test_the_list_costs_the_same_queries_for_many_collections(admin_client, django_assert_max_num_queries):
+    for n in range(3):
+        many_documents(make_collection(f"c{n}"), 5)
+    with django_assert_max_num_queries(8) as few:
+        admin_client.get(LIST)
+    for n in range(3, 40):
+        many_documents(make_collection(f"c{n}"), 5)
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        response = admin_client.get(LIST)
+    assert len(response.context["cl"].result_list) == 40
+
+
+def test_it_creates_a_collection_through_the_service(admin_client):
+    response = admin_client.post(ADD, form_data())
+    collection = Collection.objects.get(name="handbook")
+    assert response.status_code == 302 and response.url == LIST
+    assert (collection.chunk_max_tokens, collection.chunk_min_tokens, collection.chunk_overlap_tokens) == (256, 20, 10)
+    assert (collection.search_top_k, collection.search_hybrid, collection.semantic_weight) == (7, True, 0.4)
+    assert str(collection.embedding_model) == "local:all-MiniLM-L6-v2, 384d"
+    assert collection.description == "The staff handbook"
+
+
+def test_it_explains_invalid_settings_next_to_the_form(admin_client):
+    response = admin_client.post(ADD, form_data(chunk_overlap_tokens=200))
+    assert response.status_code == 200
+    assert "overlap_tokens must be at least 0 and below half of max_tokens" in response.content.decode()
+    response = admin_client.post(ADD, form_data(name="no spaces"))
+    assert "letters, digits" in response.content.decode()
+    assert not Collection.objects.exists()
+
+
+def test_a_duplicate_name_is_refused(admin_client):
+    make_collection("handbook")
+    response = admin_client.post(ADD, form_data())
+    assert response.status_code == 200
+    assert "already exists" in response.content.decode()
+
+
+def test_it_edits_settings_and_keeps_the_name(admin_client):
+    collection = make_collection("handbook")
+    response = admin_client.post(
+        change_url(collection), form_data(name="renamed", description="New words", search_top_k=3, semantic_weight="")
+    )
+    assert response.status_code == 302
+    collection.refresh_from_db()
+    assert (collection.name, collection.description, collection.search_top_k) == ("handbook", "New words", 3)
+    assert collection.semantic_weight is None
+
+
+def test_changing_the_model_starts_a_background_re_embedding(admin_client, django_capture_on_commit_callbacks):
+    collection = make_collection("handbook")
+    with django_capture_on_commit_callbacks() as callbacks:
+        response = admin_client.post(
+            change_url(collection),
+            form_data(embedding_provider="ollama", embedding_model_name="nomic-embed-text"),
+            follow=True,
+        )
+    collection.refresh_from_db()
+    assert str(collection.next_embedding_model) == "ollama:nomic-embed-text, 768d"
+    assert str(collection.embedding_model).startswith("local:all-MiniLM-L6-v2")
+    assert len(callbacks) == 1  # the re-embedding task, sent on commit
+    assert "Re-embedding handbook with ollama:nomic-embed-text" in response.content.decode()
+    page = admin_client.get(change_url(collection)).content.decode()
+    assert "re-embedding with ollama:nomic-embed-text" in page
+    # Choosing the current model again cancels the switch.
+    admin_client.post(change_url(collection), form_data())
+    collection.refresh_from_db()
+    assert collection.next_embedding_model is None
+
+
+def test_the_delete_page_says_what_the_database_will_remove(admin_client):
+    collection = make_collection("handbook")
+    documents = [add_text(collection, f"note://{n}") for n in range(2)]
+    give_vectors(documents[0])
+    chunks = Chunk.objects.filter(collection=collection).count()
+    embeddings = Embedding.objects.filter(collection=collection).count()
+    page = admin_client.get(delete_url(collection)).content.decode()
+    assert "What will be removed" in page
+    assert "<strong>2</strong> documents" in page
+    assert f"<strong>{chunks}</strong> chunk" in page
+    assert f"<strong>{embeddings}</strong> embedding" in page
+    response = admin_client.post(delete_url(collection), {"post": "yes"}, follow=True)
+    assert response.status_code == 200
+    assert not Collection.objects.filter(pk=collection.pk).exists()
+    assert not Document.objects.filter(collection_id=collection.pk).exists()
+    assert not Chunk.objects.filter(collection_id=collection.pk).exists()
+    assert not Embedding.objects.filter(collection_id=collection.pk).exists()
+    assert f"Removed 2 documents and {chunks} chunks of handbook" in response.content.decode()
+
+
+def test_the_bulk_delete_action_confirms_with_counts_then_deletes(admin_client):
+    first, second = make_collection("one"), make_collection("two")
+    add_text(first, "note://a")
+    add_text(second, "note://b")
+    selected = {"action": "delete_selected", "_selected_action": [first.pk, second.pk]}
+    page = admin_client.post(LIST, selected).content.decode()
+    assert "What will be removed" in page and "<strong>2</strong> documents" in page
+    admin_client.post(LIST, {**selected, "post": "yes"})
+    assert not Collection.objects.exists()
+    assert not Document.objects.exists()
+
+
+def test_a_staff_user_without_delete_permission_cannot_delete(db):
+    collection = make_collection("handbook")
+    client = staff_client("editor", ["view_collection", "change_collection", "add_collection"])
+    assert client.get(LIST).status_code == 200
+    assert client.get(delete_url(collection)).status_code == 403
+    assert client.post(delete_url(collection), {"post": "yes"}).status_code == 403
+    page = client.get(LIST)
+    assert "delete_selected" not in page.content.decode()
+    client.post(LIST, {"action": "delete_selected", "_selected_action": [collection.pk], "post": "yes"})
+    assert Collection.objects.filter(pk=collection.pk).exists()
+
+
+def test_a_user_who_may_only_view_cannot_change(db):
+    collection = make_collection("handbook")
+    client = staff_client("reader", ["view_collection"])
+    assert client.get(change_url(collection)).status_code == 200
+    client.post(change_url(collection), form_data(description="changed"))
+    collection.refresh_from_db()
+    assert collection.description == ""
+    assert client.get(ADD).status_code == 403
