@@ -1,0 +1,52 @@
+"""What the knowledge base's management commands share: error reporting and output formats.
+
+A KBError becomes ``CommandError: CODE: message`` and exit status 1; ``--json`` output is the
+same JSON the REST API answers (kb.api.schemas), so scripts can switch between the two.
+"""
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from pydantic import BaseModel
+
+from kb.errors import KBError
+
+
+class KBCommand(BaseCommand):
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        try:
+            return super().execute(*args, **options)
+        except KBError as error:
+            raise CommandError(f"{error.code}: {error.message}") from error
+
+    def write_json(self, data: BaseModel | dict[str, Any] | list[Any]) -> None:
+        payload = data.model_dump(mode="json") if isinstance(data, BaseModel) else data
+        self.stdout.write(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
+
+    def write_table(self, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+        self.stdout.write(format_table(headers, rows))
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned text columns, numbers right-aligned."""
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [max(len(str(header)), *(len(row[i]) for row in cells)) for i, header in enumerate(headers)]
+    numeric = [all(isinstance(row[i], int | float) for row in rows) and bool(rows) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        padded = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([line([str(h) for h in headers]), *(line(row) for row in cells)])
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    if hasattr(value, "strftime"):
+        return value.strftime("%Y-%m-%d %H:%M")
+    return str(value)

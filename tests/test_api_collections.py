@@ -1,0 +1,122 @@
+"""REST API: collections (list, create, get, update settings and embedding model, delete)."""
+
+import pytest
+
+from kb.models import Collection, Document
+from kb.services.collections import collection_create
+from kb.services.documents import document_create_from_text
+from tests.support.api_helpers import delete, error_of, get, patch, post
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_creates_a_collection_and_shows_its_settings_and_totals(client):
+    response = post(client, "/api/collections", {"name": "docs", "description": "Guides", "chunk_max_tokens": 256})
+    assert response.status_code == 201
+    body = response.json()
+    assert body["name"] == "docs"
+    assert body["description"] == "Guides"
+    assert body["settings"]["chunking"] == {"max_tokens": 256, "min_tokens": 50, "overlap_tokens": 0}
+    assert body["settings"]["search"] == {"top_k": 10, "hybrid": True, "semantic_weight": None}
+    assert body["embedding_model"] == {"provider": "local", "name": "all-MiniLM-L6-v2", "dimensions": 384}
+    assert body["next_embedding_model"] is None
+    assert body["documents"] == {"total": 0, "pending": 0, "processing": 0, "ready": 0, "failed": 0}
+    assert Collection.objects.filter(name="docs").exists()
+
+
+def test_it_lists_collections_with_document_and_chunk_totals(client):
+    docs = collection_create(name="docs")
+    collection_create(name="code", description="Source")
+    document_create_from_text(collection=docs, source_uri="note://a", text="Alpha text.")
+    body = get(client, "/api/collections").json()
+    assert body["total"] == 2
+    assert [c["name"] for c in body["collections"]] == ["code", "docs"]
+    assert body["collections"][1]["documents"] == 1
+    assert body["collections"][1]["chunks"] == 1
+
+
+def test_getting_a_collection_counts_its_documents_by_status(client):
+    docs = collection_create(name="docs")
+    document_create_from_text(collection=docs, source_uri="note://a", text="Alpha text.")
+    failed = document_create_from_text(collection=docs, source_uri="note://b", text="Beta text.").document
+    Document.objects.filter(pk=failed.pk).update(status="failed")
+    body = get(client, "/api/collections/docs").json()
+    assert body["documents"] == {"total": 2, "pending": 1, "processing": 0, "ready": 0, "failed": 1}
+    assert body["chunks"] == 2
+
+
+def test_an_unknown_collection_is_404_collection_not_found(client):
+    assert error_of(get(client, "/api/collections/nope")) == (404, "COLLECTION_NOT_FOUND")
+    assert error_of(patch(client, "/api/collections/nope", {"description": "x"})) == (404, "COLLECTION_NOT_FOUND")
+    assert error_of(delete(client, "/api/collections/nope?confirm=true")) == (404, "COLLECTION_NOT_FOUND")
+
+
+def test_creating_an_existing_collection_is_409_collection_exists(client):
+    collection_create(name="docs")
+    assert error_of(post(client, "/api/collections", {"name": "docs"})) == (409, "COLLECTION_EXISTS")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"name": "has space"},
+        {"name": ""},
+        {"description": "no name"},
+        {"name": "docs", "chunk_max_tokens": 8},
+        {"name": "docs", "chunk_min_tokens": 600},
+        {"name": "docs", "semantic_weight": 1.5},
+        {"name": "docs", "embedding_provider": "nobody"},
+        {"name": "docs", "unknown_field": 1},
+    ],
+)
+def test_invalid_settings_are_400_invalid_argument(client, body):
+    assert error_of(post(client, "/api/collections", body)) == (400, "INVALID_ARGUMENT")
+    assert not Collection.objects.exists()
+
+
+def test_it_updates_chunking_and_search_settings(client):
+    collection_create(name="docs", semantic_weight=0.3)
+    response = patch(
+        client,
+        "/api/collections/docs",
+        {"description": "New", "chunk_max_tokens": 300, "search_top_k": 5, "search_hybrid": False},
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["description"] == "New"
+    assert body["settings"]["chunking"]["max_tokens"] == 300
+    assert body["settings"]["search"] == {"top_k": 5, "hybrid": False, "semantic_weight": 0.3}
+    cleared = patch(client, "/api/collections/docs", {"clear_semantic_weight": True}).json()
+    assert cleared["settings"]["search"]["semantic_weight"] is None
+
+
+def test_changing_the_embedding_model_starts_a_background_switch(client):
+    collection_create(name="docs")
+    body = patch(client, "/api/collections/docs", {"embedding_provider": "ollama"}).json()
+    assert body["embedding_model"]["name"] == "all-MiniLM-L6-v2"  # search keeps the old model meanwhile
+    assert body["next_embedding_model"]["provider"] == "ollama"
+    assert body["next_embedding_model"]["name"] == "nomic-embed-text"
+
+
+def test_a_refused_update_changes_nothing(client):
+    collection_create(name="docs")
+    response = patch(client, "/api/collections/docs", {"description": "New", "chunk_min_tokens": 600})
+    assert error_of(response) == (400, "INVALID_ARGUMENT")
+    # The settings are saved, then the model is refused: both or neither.
+    response = patch(client, "/api/collections/docs", {"description": "New", "embedding_model": "   "})
+    assert error_of(response) == (400, "INVALID_ARGUMENT")
+    collection = Collection.objects.get(name="docs")
+    assert collection.description == ""
+    assert collection.next_embedding_model is None
+
+
+def test_deleting_a_collection_needs_confirm_true(client):
+    docs = collection_create(name="docs")
+    document_create_from_text(collection=docs, source_uri="note://a", text="Alpha text.")
+    assert error_of(delete(client, "/api/collections/docs")) == (400, "INVALID_ARGUMENT")
+    assert Collection.objects.filter(name="docs").exists()
+    response = delete(client, "/api/collections/docs?confirm=true")
+    assert response.status_code == 200
+    assert response.json() == {"success": True, "name": "docs", "documents": 1, "chunks": 1}
+    assert not Collection.objects.filter(name="docs").exists()
+    assert not Document.objects.exists()

@@ -1,0 +1,186 @@
+"""REST API: documents (list, get, ingest by URI, upload, re-ingest, re-embed, delete)."""
+
+import base64
+import io
+
+import pytest
+
+from kb.models import Document, Embedding
+from kb.services.collections import collection_create
+from kb.services.documents import document_create_from_text
+from tests.support.api_helpers import delete, embed_now, error_of, get, post
+from tests.support.documents import MARKDOWN, make_pdf, write_mixed_folder
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def docs():
+    return collection_create(name="docs")
+
+
+def data_uri(text: str) -> str:
+    return "data:text/plain;base64," + base64.b64encode(text.encode()).decode()
+
+
+def test_it_ingests_a_data_uri_with_metadata_and_a_title(client, docs):
+    response = post(
+        client,
+        "/api/collections/docs/documents",
+        {"uri": data_uri(MARKDOWN), "content_type": "markdown", "metadata": {"author": "Smith"}, "title": "Guide"},
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["collection"], body["created"], body["failed"]) == ("docs", 1, 0)
+    (item,) = body["items"]
+    assert item["outcome"] == "created"
+    assert item["status"] == "pending"
+    assert item["chunks"] >= 1
+    document = Document.objects.get(pk=item["doc_id"])
+    assert (document.title, document.content_type, document.metadata["author"]) == ("Guide", "markdown", "Smith")
+    again = post(client, "/api/collections/docs/documents", {"uri": data_uri(MARKDOWN), "content_type": "markdown"})
+    assert again.json()["unchanged"] == 1
+
+
+def test_it_ingests_a_folder_under_the_file_roots_and_reports_each_file(client, docs, tmp_path, settings):
+    settings.KB_FILE_ROOTS = [str(tmp_path)]
+    write_mixed_folder(tmp_path / "docs")
+    (tmp_path / "docs" / "broken.json").write_text("{not json")
+    response = post(client, "/api/collections/docs/documents", {"uri": (tmp_path / "docs").as_uri()})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["created"] == 8
+    assert body["failed"] == 1
+    (failure,) = [item for item in body["items"] if item["outcome"] == "failed"]
+    assert failure["source_uri"].endswith("broken.json")
+    assert failure["error"]["code"] == "LOAD_FAILED"
+    flat = post(client, "/api/collections/docs/documents", {"uri": (tmp_path / "docs").as_uri(), "recursive": False})
+    assert len(flat.json()["items"]) == 7  # src/ with its two files is skipped
+
+
+def test_files_outside_the_roots_are_400_invalid_uri(client, docs, tmp_path, settings):
+    settings.KB_FILE_ROOTS = []
+    (tmp_path / "secret.txt").write_text("secret")
+    response = post(client, "/api/collections/docs/documents", {"uri": (tmp_path / "secret.txt").as_uri()})
+    assert error_of(response) == (400, "INVALID_URI")
+    assert error_of(post(client, "/api/collections/docs/documents", {"uri": "ftp://x/y"})) == (400, "INVALID_URI")
+
+
+def test_content_that_cannot_be_loaded_is_502_load_failed(client, docs):
+    response = post(client, "/api/collections/docs/documents", {"uri": "data:,{not json", "content_type": "json"})
+    assert error_of(response) == (502, "LOAD_FAILED")
+
+
+def test_a_chunk_above_the_token_limit_is_400_text_too_long(client, docs, settings):
+    settings.KB_MAX_CHUNK_TOKENS = 16
+    response = post(client, "/api/collections/docs/documents", {"uri": data_uri("word " * 200)})
+    assert error_of(response) == (400, "TEXT_TOO_LONG")
+
+
+def test_ingesting_into_an_unknown_collection_is_404(client):
+    response = post(client, "/api/collections/nope/documents", {"uri": data_uri("text")})
+    assert error_of(response) == (404, "COLLECTION_NOT_FOUND")
+
+
+def test_it_uploads_several_files_and_reports_each(client, docs):
+    guide = io.BytesIO(MARKDOWN.encode())
+    guide.name = "guide.md"
+    paper = io.BytesIO(make_pdf(["Lift and drag of slender wings."], title="Wings"))
+    paper.name = "paper.pdf"
+    broken = io.BytesIO(b"{not json")
+    broken.name = "broken.json"
+    response = client.post(
+        "/api/collections/docs/uploads", {"files": [guide, paper, broken], "metadata": '{"team": "aero"}'}
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["created"], body["failed"]) == (2, 1)
+    assert [item["source_uri"] for item in body["items"]] == ["upload://guide.md", "upload://paper.pdf", "broken.json"]
+    assert body["items"][2]["error"]["code"] == "LOAD_FAILED"
+    pdf = Document.objects.get(source_uri="upload://paper.pdf")
+    assert (pdf.content_type, pdf.metadata["team"]) == ("pdf", "aero")
+
+
+def test_a_single_upload_that_fails_answers_with_its_error(client, docs):
+    broken = io.BytesIO(b"{not json")
+    broken.name = "broken.json"
+    assert error_of(client.post("/api/collections/docs/uploads", {"files": [broken]})) == (502, "LOAD_FAILED")
+    assert error_of(client.post("/api/collections/docs/uploads", {})) == (400, "INVALID_ARGUMENT")
+    note = io.BytesIO(b"text")
+    note.name = "note.txt"
+    response = client.post("/api/collections/docs/uploads", {"files": [note], "metadata": "[1, 2]"})
+    assert error_of(response) == (400, "INVALID_ARGUMENT")
+
+
+def test_it_lists_documents_with_limit_offset_and_status(client, docs):
+    ids = [
+        document_create_from_text(collection=docs, source_uri=f"note://{n}", text=f"Note {n}.").document.pk
+        for n in range(5)
+    ]
+    embed_now(ids[0])
+    page = get(client, "/api/collections/docs/documents", limit=2, offset=1).json()
+    assert (page["collection"], page["count"], page["limit"], page["offset"]) == ("docs", 2, 2, 1)
+    assert [d["id"] for d in page["documents"]] == ids[1:3]
+    ready = get(client, "/api/collections/docs/documents", status="ready").json()
+    assert [d["id"] for d in ready["documents"]] == [ids[0]]
+    assert ready["documents"][0]["embedded_count"] == 1
+    assert error_of(get(client, "/api/collections/docs/documents", limit=1001)) == (400, "INVALID_ARGUMENT")
+    assert error_of(get(client, "/api/collections/docs/documents", status="lost")) == (400, "INVALID_ARGUMENT")
+    assert error_of(get(client, "/api/collections/nope/documents")) == (404, "COLLECTION_NOT_FOUND")
+
+
+def test_it_gets_a_document_with_its_chunks_and_text_on_request(client, docs):
+    document = document_create_from_text(
+        collection=docs, source_uri="note://guide", text=MARKDOWN, content_type="markdown", metadata={"year": 2024}
+    ).document
+    plain = get(client, f"/api/documents/{document.pk}").json()
+    assert plain["status"] == "pending"
+    assert plain["metadata"]["year"] == 2024
+    assert plain["chunks"] is None and plain["content"] is None
+    full = get(client, f"/api/documents/{document.pk}", chunks="true", content="true").json()
+    assert full["content"].startswith("# Deployment guide")
+    assert [chunk["index"] for chunk in full["chunks"]] == list(range(document.chunk_count))
+    assert full["chunks"][0]["lines"] == f"{full['chunks'][0]['line_start']}-{full['chunks'][0]['line_end']}"
+
+
+def test_an_unknown_document_is_404_document_not_found(client, docs):
+    missing = "01HRE4KXQN8Z3J2X5Y7A9B4C6D"
+    assert error_of(get(client, f"/api/documents/{missing}")) == (404, "DOCUMENT_NOT_FOUND")
+    assert error_of(delete(client, f"/api/documents/{missing}")) == (404, "DOCUMENT_NOT_FOUND")
+    assert error_of(post(client, f"/api/documents/{missing}/reingest")) == (404, "DOCUMENT_NOT_FOUND")
+    assert error_of(post(client, f"/api/documents/{missing}/reembed")) == (404, "DOCUMENT_NOT_FOUND")
+    assert error_of(get(client, "/api/documents/not-a-ulid")) == (400, "INVALID_ARGUMENT")
+
+
+def test_reingest_rechunks_with_the_collections_current_settings(client, docs):
+    document = document_create_from_text(collection=docs, source_uri="note://long", text="Sentence here. " * 300)
+    before = document.document.chunk_count
+    docs.chunk_max_tokens, docs.chunk_min_tokens = 64, 0
+    docs.save()
+    response = post(client, f"/api/documents/{document.document.pk}/reingest")
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["outcome"], body["doc_id"]) == ("updated", document.document.pk)
+    assert body["chunks"] > before
+
+
+def test_reembed_drops_the_vectors_and_queues_the_document_again(client, docs):
+    document = document_create_from_text(collection=docs, source_uri="note://a", text="Alpha text.").document
+    embed_now(document.pk)
+    assert Embedding.objects.filter(chunk__document=document).count() == 1
+    response = post(client, f"/api/documents/{document.pk}/reembed")
+    assert response.status_code == 200
+    assert (response.json()["status"], response.json()["embedded_count"]) == ("pending", 0)
+    assert not Embedding.objects.filter(chunk__document=document).exists()
+
+
+def test_it_deletes_a_document(client, docs):
+    document = document_create_from_text(collection=docs, source_uri="note://a", text="Alpha text.").document
+    response = delete(client, f"/api/documents/{document.pk}")
+    assert response.json() == {
+        "success": True,
+        "deleted_doc_id": document.pk,
+        "source_uri": "note://a",
+        "collection": "docs",
+    }
+    assert not Document.objects.exists()

@@ -1,0 +1,75 @@
+"""REST API: every failure is {"error": {"code", "message"}} with the HTTP status of the seed's table."""
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connection
+
+from kb.errors import HTTP_STATUS, ErrorCode, KBError
+from kb.models import Collection
+from kb.services.collections import collection_create
+from kb.services.uploads import Upload, document_ingest_uploads
+from tests.support.api_helpers import error_of, post
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_status_of_each_code_is_the_seeds():
+    assert {code: HTTP_STATUS[code] for code in ErrorCode} == {
+        "DOCUMENT_NOT_FOUND": 404,
+        "COLLECTION_NOT_FOUND": 404,
+        "COLLECTION_EXISTS": 409,
+        "INVALID_ARGUMENT": 400,
+        "INVALID_URI": 400,
+        "LOAD_FAILED": 502,
+        "TEXT_TOO_LONG": 400,
+        "DATABASE_ERROR": 500,
+        "EMBEDDING_ERROR": 500,
+        "UNAUTHORIZED": 401,
+        "PERMISSION_DENIED": 403,
+    }
+
+
+def test_a_database_failure_is_500_database_error(client):
+    # A real failure of Postgres: the (test) transaction the request runs in refuses writes.
+    with connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION READ ONLY")
+    assert error_of(post(client, "/api/collections", {"name": "docs"})) == (500, "DATABASE_ERROR")
+
+
+def test_a_body_that_is_not_json_is_400(client):
+    response = client.post("/api/collections", "{not json", content_type="application/json")
+    assert error_of(response) == (400, "INVALID_ARGUMENT")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"name": "docs", "description": "nul \x00 byte"},
+        {"name": "docs", "description": "lone \ud800 surrogate"},
+    ],
+)
+def test_text_postgres_cannot_store_is_400_not_500(client, body):
+    response = client.post("/api/collections", body, content_type="application/json")
+    assert error_of(response) == (400, "INVALID_ARGUMENT")
+    assert not Collection.objects.exists()
+
+
+def test_nul_characters_in_metadata_or_file_names_are_400(client):
+    docs = collection_create(name="docs")
+    nested = post(client, "/api/collections/docs/documents", {"uri": "data:,x", "metadata": {"k\x00": ["v"]}})
+    assert error_of(nested) == (400, "INVALID_ARGUMENT")
+    # Django's multipart parser drops NUL characters from file names; the service refuses them from anyone else.
+    upload = SimpleUploadedFile("a\x00b.txt", b"text")
+    assert client.post("/api/collections/docs/uploads", {"files": [upload]}).json()["items"][0]["source_uri"] == (
+        "upload://ab.txt"
+    )
+    with pytest.raises(KBError) as refused:
+        document_ingest_uploads(collection=docs, uploads=[Upload(filename="a\x00b.txt", read=lambda: b"text")])
+    assert refused.value.code == ErrorCode.INVALID_ARGUMENT
+
+
+def test_too_many_files_in_one_upload_is_400(client, settings):
+    settings.DATA_UPLOAD_MAX_NUMBER_FILES = 1
+    collection_create(name="docs")
+    files = [SimpleUploadedFile(f"{n}.txt", b"text") for n in range(2)]
+    assert error_of(client.post("/api/collections/docs/uploads", {"files": files})) == (400, "INVALID_ARGUMENT")

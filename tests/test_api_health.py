@@ -1,0 +1,81 @@
+"""Health: database, broker and every embedding provider in use, on /api/health and /health."""
+
+import json
+
+import pytest
+
+from kb.health import broker_check
+from kb.services.collections import collection_create
+from tests.conftest import free_port
+from tests.support.http_server import serve
+
+pytestmark = pytest.mark.django_db
+
+
+def ollama_tags(*names: str):
+    payload = json.dumps({"models": [{"name": name} for name in names]}).encode()
+    return lambda handler, body: (200, {"content-type": "application/json"}, payload)
+
+
+def test_it_reports_database_broker_and_the_local_model(client):
+    response = client.get("/api/health")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok"
+    assert body["checks"]["database"]["pgvector"].startswith("0.8")
+    assert body["checks"]["broker"] == {"ok": True, "transport": "filesystem"}
+    assert body["checks"]["embedding"]["models"]["local:all-MiniLM-L6-v2"]["ok"] is True
+    assert client.get("/health").json() == body
+
+
+def test_it_needs_no_token_even_when_tokens_are_required(client, settings):
+    settings.KB_REQUIRE_AUTH = True
+    assert client.get("/api/health").status_code == 200
+
+
+def test_an_ollama_model_in_use_is_checked_on_the_ollama_server(client, settings):
+    collection_create(name="remote", embedding_provider="ollama")
+    with serve({"/api/tags": ollama_tags("nomic-embed-text:latest")}) as base:
+        settings.OLLAMA_HOST = base
+        body = client.get("/api/health").json()
+    assert body["status"] == "ok"
+    assert body["checks"]["embedding"]["models"]["ollama:nomic-embed-text"] == {"ok": True, "host": base}
+
+
+def test_a_model_ollama_has_not_pulled_is_an_error(client, settings):
+    collection_create(name="remote", embedding_provider="ollama")
+    with serve({"/api/tags": ollama_tags("llama3:latest")}) as base:
+        settings.OLLAMA_HOST = base
+        response = client.get("/api/health")
+    assert response.status_code == 503
+    assert (
+        "ollama pull nomic-embed-text"
+        in response.json()["checks"]["embedding"]["models"]["ollama:nomic-embed-text"]["error"]
+    )
+
+
+def test_an_unreachable_provider_makes_the_service_unhealthy(client, settings):
+    settings.OLLAMA_HOST = f"http://127.0.0.1:{free_port()}"
+    collection_create(name="remote", embedding_provider="ollama")
+    response = client.get("/api/health")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "error"
+    assert body["checks"]["database"]["ok"] is True
+    assert "unreachable" in body["checks"]["embedding"]["models"]["ollama:nomic-embed-text"]["error"]
+
+
+def test_an_openai_compatible_server_is_checked_by_listing_its_models(client, settings):
+    collection_create(name="remote", embedding_provider="openai")
+    models = json.dumps({"object": "list", "data": []}).encode()
+    with serve({"/v1/models": lambda handler, body: (200, {"content-type": "application/json"}, models)}) as base:
+        settings.OPENAI_BASE_URL = f"{base}/v1"
+        assert client.get("/api/health").json()["checks"]["embedding"]["ok"] is True
+    settings.OPENAI_BASE_URL = f"http://127.0.0.1:{free_port()}/v1"
+    assert client.get("/api/health").json()["checks"]["embedding"]["ok"] is False
+
+
+def test_an_unreachable_broker_is_reported_without_retrying_for_long():
+    check = broker_check(url=f"redis://127.0.0.1:{free_port()}/0")
+    assert check["ok"] is False
+    assert "Error" in check["error"]

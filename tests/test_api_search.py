@@ -1,0 +1,125 @@
+"""REST API: search with every argument of the search service, and statistics."""
+
+import pytest
+
+from kb.services.collections import collection_create
+from kb.services.documents import document_create_from_text
+from tests.conftest import free_port
+from tests.support.api_helpers import embed_now, error_of, get, post
+from tests.support.documents import MARKDOWN, PYTHON
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def library():
+    """Two collections with embedded documents: a Markdown guide, Python code and a note."""
+    docs = collection_create(name="docs")
+    code = collection_create(name="code")
+    stored = {
+        "guide": document_create_from_text(
+            collection=docs,
+            source_uri="file:///guide.md",
+            text=MARKDOWN,
+            content_type="markdown",
+            metadata={"author": "Smith", "year": 2024, "lang": "en"},
+        ),
+        "note": document_create_from_text(
+            collection=docs,
+            source_uri="note://replicas",
+            text="Replicas of the web server share nothing but the database.",
+            metadata={"author": "Lee", "year": 2019, "lang": "de"},
+        ),
+        "retry": document_create_from_text(
+            collection=code, source_uri="file:///retry.py", text=PYTHON, content_type="python"
+        ),
+    }
+    return {name: embed_now(item.document.pk) for name, item in stored.items()}
+
+
+def search(client, token=None, **body):
+    return post(client, "/api/search", body, token)
+
+
+def test_hybrid_search_finds_the_passage_with_every_result_field(client, library):
+    response = search(client, query="How do I upgrade replicas one at a time?", top_k=3)
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["query"], body["mode"], body["warnings"]) == ("How do I upgrade replicas one at a time?", "hybrid", [])
+    assert body["total_results"] == len(body["results"]) <= 3
+    best = body["results"][0]
+    assert "Upgrade one replica at a time" in best["content"]
+    assert (best["rank"], best["collection"], best["source_uri"]) == (1, "docs", "file:///guide.md")
+    assert best["similarity"] is not None and best["keyword_rank"] is not None and best["vector_rank"] is not None
+    assert best["lines"] == f"{best['line_start']}-{best['line_end']}"
+    assert best["metadata"]["author"] == "Smith"
+
+
+def test_keyword_and_semantic_modes(client, library):
+    keyword = search(client, query="Backoff delay", mode="keyword").json()
+    assert keyword["semantic_weight"] == 0.0
+    assert keyword["results"][0]["source_uri"] == "file:///retry.py"
+    assert all(result["vector_rank"] is None for result in keyword["results"])
+    semantic = search(client, query="retrying a failing call with exponential waits", mode="semantic").json()
+    assert semantic["semantic_weight"] == 1.0
+    assert semantic["results"][0]["source_uri"] == "file:///retry.py"
+
+
+def test_filters_narrow_the_results(client, library):
+    query = "replicas web server database"
+    only_code = search(client, query="retry", collections=["code"]).json()["results"]
+    assert {r["collection"] for r in only_code} == {"code"}
+    by_document = search(client, query=query, document_ids=[library["note"].pk]).json()["results"]
+    assert {r["document_id"] for r in by_document} == {library["note"].pk}
+    by_type = search(client, query=query, content_types=["markdown"]).json()["results"]
+    assert by_type and {r["content_type"] for r in by_type} == {"markdown"}
+    by_metadata = search(client, query=query, metadata={"year": {"$gte": 2020}, "lang": {"$in": ["en"]}}).json()
+    assert by_metadata["results"] and {r["metadata"]["author"] for r in by_metadata["results"]} == {"Smith"}
+    assert search(client, query=query, metadata={"author": "Nobody"}).json()["results"] == []
+    strict = search(client, query=query, min_similarity=0.99, candidate_depth=200).json()
+    assert strict["results"] == []
+    high_score = search(client, query=query, min_score=1.0).json()
+    assert high_score["results"] == []
+    weighted = search(client, query=query, semantic_weight=0.2).json()
+    assert weighted["semantic_weight"] == 0.2
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"query": ""},
+        {"query": "x", "top_k": 0},
+        {"query": "x", "top_k": 101},
+        {"query": "x", "mode": "fuzzy"},
+        {"query": "x", "semantic_weight": 2},
+        {"query": "x", "content_types": ["cobol"]},
+        {"query": "x", "metadata": {"year": {"$regex": "."}}},
+        {"top_k": 3},
+    ],
+)
+def test_invalid_search_arguments_are_400(client, body):
+    assert error_of(post(client, "/api/search", body)) == (400, "INVALID_ARGUMENT")
+
+
+def test_searching_an_unknown_collection_is_404(client):
+    assert error_of(search(client, query="x", collections=["nope"])) == (404, "COLLECTION_NOT_FOUND")
+
+
+def test_semantic_search_with_an_unreachable_provider_is_500_embedding_error(client, settings):
+    settings.OLLAMA_HOST = f"http://127.0.0.1:{free_port()}"
+    remote = collection_create(name="remote", embedding_provider="ollama")
+    document_create_from_text(collection=remote, source_uri="note://a", text="Wind tunnel results.")
+    response = search(client, query="wind tunnel", collections=["remote"], mode="semantic")
+    assert error_of(response) == (500, "EMBEDDING_ERROR")
+    degraded = search(client, query="wind tunnel", collections=["remote"]).json()
+    assert degraded["results"] and "keyword results only" in degraded["warnings"][0]
+
+
+def test_stats_count_everything_or_one_collection(client, library):
+    everything = get(client, "/api/stats").json()
+    assert (everything["collections"], everything["documents"], everything["filter"]) == (2, 3, None)
+    assert everything["embeddings"] == everything["chunks"] > 0
+    assert everything["storage_bytes"] > 0
+    code = get(client, "/api/stats", collection="code").json()
+    assert (code["collections"], code["documents"], code["filter"]) == (1, 1, "code")
+    assert error_of(get(client, "/api/stats", collection="nope")) == (404, "COLLECTION_NOT_FOUND")
