@@ -150,14 +150,17 @@ class PlaygroundForm(forms.Form):
         widget=forms.CheckboxSelectMultiple,
         help_text="None selected: every collection.",
     )
-    mode = forms.ChoiceField(choices=[(mode, mode) for mode in MODES], initial="hybrid", widget=forms.RadioSelect)
+    # Optional with defaults, so that a link with only ?q=... runs a search.
+    mode = forms.ChoiceField(
+        choices=[(mode, mode) for mode in MODES], initial="hybrid", required=False, widget=forms.RadioSelect
+    )
     semantic_weight = forms.FloatField(
         required=False,
         min_value=0.0,
         max_value=1.0,
         help_text="Hybrid only. Empty: the collection's setting or the server default.",
     )
-    top_k = forms.IntegerField(initial=10, min_value=1, max_value=100, label="Top k")
+    top_k = forms.IntegerField(initial=10, min_value=1, max_value=100, required=False, label="Top k")
     min_score = forms.FloatField(required=False, label="Minimum fused score")
     min_similarity = forms.FloatField(required=False, min_value=-1.0, max_value=1.0, label="Minimum similarity")
     content_types = forms.MultipleChoiceField(
@@ -174,7 +177,7 @@ class PlaygroundForm(forms.Form):
         return {
             "query": data["q"],
             "collections": [collection.name for collection in data["collections"]] or None,
-            "mode": data["mode"],
+            "mode": data["mode"] or "hybrid",
             "semantic_weight": data["semantic_weight"],
             "top_k": data["top_k"] or 10,
             "min_score": data["min_score"],

@@ -1,0 +1,115 @@
+"""The search playground: every search setting, ranked results with their scores, highlights."""
+
+import pytest
+from django.urls import reverse
+
+from kb.services.collections import collection_create
+from kb.services.embedding import document_claim, document_embed
+from tests.support.admin_data import (
+    add_text,
+    fast_password_hashing,  # noqa: F401 - an autouse fixture
+    make_collection,
+    staff_client,
+)
+from tests.support.fake_providers import fake_ollama
+
+pytestmark = pytest.mark.django_db
+
+PLAYGROUND = reverse("admin:kb_playground")
+
+PAGES = {
+    "note://lift": ("Lift", "Lift comes from the pressure difference between the upper and lower wing surfaces.\n"),
+    "note://drag": ("Drag", "Drag grows with the square of speed; streamlining reduces pressure drag.\n"),
+    "note://stall": ("Stall", "Past the critical angle of attack the flow separates and the wing stalls.\n"),
+}
+
+
+@pytest.fixture
+def embedded_collection(settings):
+    """A collection embedded for real, by the embedding service, against an HTTP fake of Ollama."""
+    with fake_ollama() as base:
+        settings.OLLAMA_HOST = base
+        collection = collection_create(name="aero", embedding_provider="ollama", embedding_model="fake-embed")
+        for uri, (title, text) in PAGES.items():
+            document = add_text(collection, uri, text, title=title)
+            assert document_claim(doc_id=document.pk)
+            assert document_embed(doc_id=document.pk) == "ready"
+        yield collection
+
+
+def results_of(response) -> list:
+    assert response.status_code == 200
+    assert not response.context["form"].errors, response.context["form"].errors
+    return [item["result"] for item in response.context["results"]]
+
+
+def test_the_page_offers_every_search_setting(admin_client):
+    make_collection("handbook")
+    page = admin_client.get(PLAYGROUND).content.decode()
+    for name in ("q", "collections", "mode", "semantic_weight", "top_k", "min_score", "min_similarity", "metadata"):
+        assert f'name="{name}"' in page
+    assert 'value="handbook"' in page and 'value="hybrid"' in page
+    assert admin_client.get(PLAYGROUND).context["response"] is None
+
+
+def test_a_hybrid_search_shows_fused_score_similarity_both_ranks_highlights_and_links(
+    admin_client, embedded_collection
+):
+    response = admin_client.get(
+        PLAYGROUND, {"q": "wing stalls at the critical angle", "collections": "aero", "mode": "hybrid", "top_k": 3}
+    )
+    results = results_of(response)
+    assert results[0].title == "Stall"
+    assert results[0].vector_rank is not None and results[0].keyword_rank is not None
+    assert results[0].similarity is not None and results[0].score > 0
+    page = response.content.decode()
+    assert "<mark>stalls</mark>" in page and "<mark>angle</mark>" in page
+    assert reverse("admin:kb_document_change", args=[results[0].document_id]) in page
+    assert reverse("admin:kb_chunk_change", args=[results[0].chunk_id]) in page
+    assert "lines 1\u20131" in page and "Fused score" in page and "Vector rank" in page and "Keyword rank" in page
+
+
+def test_the_semantic_weight_and_mode_reach_the_search(admin_client, embedded_collection):
+    keyword = results_of(admin_client.get(PLAYGROUND, {"q": "pressure", "mode": "keyword", "top_k": 10}))
+    assert {result.title for result in keyword} == {"Lift", "Drag"}
+    assert all(result.vector_rank is None for result in keyword)
+    response = admin_client.get(PLAYGROUND, {"q": "pressure", "mode": "hybrid", "semantic_weight": "0.2", "top_k": 10})
+    assert response.context["response"].semantic_weight == 0.2
+    assert "semantic weight 0.20" in response.content.decode()
+
+
+def test_top_k_min_score_and_metadata_filters_narrow_the_results(admin_client):
+    collection = make_collection("handbook")
+    for n in range(4):
+        document = add_text(collection, f"note://{n}", f"Turbulence note number {n}.\n", title=f"Note {n}")
+        document.metadata = {**document.metadata, "year": 2020 + n}
+        document.save(update_fields=["metadata"])
+    base = {"q": "turbulence", "mode": "keyword"}
+    assert len(results_of(admin_client.get(PLAYGROUND, {**base, "top_k": 2}))) == 2
+    filtered = results_of(admin_client.get(PLAYGROUND, {**base, "top_k": 10, "metadata": '{"year": {"$gte": 2022}}'}))
+    assert {result.title for result in filtered} == {"Note 2", "Note 3"}
+    assert results_of(admin_client.get(PLAYGROUND, {**base, "top_k": 10, "min_score": "100"})) == []
+    assert "Nothing matched" in admin_client.get(PLAYGROUND, {**base, "min_score": "100"}).content.decode()
+
+
+def test_mistakes_are_explained_on_the_form(admin_client):
+    make_collection("handbook")
+    page = admin_client.get(PLAYGROUND, {"q": "x", "metadata": "{not json"}).content.decode()
+    assert "Not valid JSON" in page
+    page = admin_client.get(PLAYGROUND, {"q": "x", "metadata": '{"year": {"$near": 1}}'}).content.decode()
+    assert "Unknown filter operator" in page and "INVALID_ARGUMENT" in page
+    page = admin_client.get(PLAYGROUND, {"q": "x", "collections": "nope"}).content.decode()
+    assert "Select a valid choice" in page
+    assert "This field is required" in admin_client.get(PLAYGROUND, {"q": ""}).content.decode()
+
+
+def test_highlighting_escapes_the_chunk_text(admin_client):
+    add_text(make_collection("handbook"), "note://html", "Beware <script>alert(1)</script> turbulence.\n")
+    page = admin_client.get(PLAYGROUND, {"q": "turbulence", "mode": "keyword"}).content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; <mark>turbulence</mark>" in page
+    assert "<script>alert(1)" not in page
+
+
+def test_the_playground_needs_the_chunk_view_permission(db):
+    assert staff_client("nobody", []).get(PLAYGROUND).status_code == 403
+    assert staff_client("viewer", ["view_chunk"]).get(PLAYGROUND).status_code == 200

@@ -1,0 +1,68 @@
+"""API tokens in the admin: made by the token service, shown once, revoked by action."""
+
+import pytest
+from django.urls import reverse
+
+from kb.errors import KBError
+from kb.models import ApiToken
+from kb.services.tokens import token_authenticate, token_create
+from tests.support.admin_data import (
+    fast_password_hashing,  # noqa: F401 - an autouse fixture
+    make_collection,
+    staff_client,
+)
+
+pytestmark = pytest.mark.django_db
+
+LIST = reverse("admin:kb_apitoken_changelist")
+ADD = reverse("admin:kb_apitoken_add")
+
+
+def test_creating_a_token_shows_its_plaintext_once(admin_client, admin_user):
+    collection = make_collection("handbook")
+    response = admin_client.post(ADD, {"name": "ci", "scope": "write", "collections": [collection.pk]})
+    assert response.status_code == 200 and "no-store" in response["Cache-Control"]
+    plaintext = response.context["plaintext"]
+    assert plaintext.startswith("kb_") and plaintext in response.content.decode()
+    token = token_authenticate(raw=plaintext)
+    assert (token.name, token.scope, token.created_by) == ("ci", "write", admin_user)
+    assert [c.name for c in token.collections.all()] == ["handbook"]
+    assert plaintext not in admin_client.get(LIST).content.decode()
+    detail = admin_client.get(reverse("admin:kb_apitoken_change", args=[token.pk])).content.decode()
+    assert plaintext not in detail and token.prefix in detail and token.key_hash not in detail
+
+
+def test_a_token_needs_a_name(admin_client):
+    response = admin_client.post(ADD, {"name": "", "scope": "read"})
+    assert "This field is required." in response.content.decode()
+    assert not ApiToken.objects.exists()
+
+
+def test_the_revoke_action_revokes_through_the_service(admin_client):
+    token, plaintext = token_create(name="old", scope="read")
+    response = admin_client.post(LIST, {"action": "revoke", "_selected_action": [token.pk]}, follow=True)
+    assert "Revoked 1 token." in [str(m) for m in response.context["messages"]]
+    with pytest.raises(KBError, match="revoked"):
+        token_authenticate(raw=plaintext)
+    assert "revoked" in admin_client.get(LIST).content.decode()
+
+
+def test_the_list_prefetches_collections(admin_client, django_assert_max_num_queries):
+    collection = make_collection("handbook")
+    token_create(name="t0", collections=["handbook"])
+    with django_assert_max_num_queries(10) as few:
+        admin_client.get(LIST)
+    for n in range(1, 30):
+        token_create(name=f"t{n}", collections=[collection.name])
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        page = admin_client.get(LIST).content.decode()
+    assert page.count(">handbook<") == 30
+
+
+def test_only_users_allowed_to_change_tokens_may_revoke(db):
+    token, plaintext = token_create(name="kept")
+    client = staff_client("viewer", ["view_apitoken"])
+    assert client.get(LIST).status_code == 200
+    client.post(LIST, {"action": "revoke", "_selected_action": [token.pk]})
+    assert token_authenticate(raw=plaintext).pk == token.pk
+    assert client.get(ADD).status_code == 403
