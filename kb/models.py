@@ -208,3 +208,43 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…, {self.scope})"
+
+
+# --- The BM25 index. Tables and triggers are created by migration 0002 and written only by the
+# database; these models let Django know the tables (so test flushes truncate them too) and
+# allow read-only inspection.
+
+
+class Posting(models.Model):
+    pk = models.CompositePrimaryKey("collection_id", "term", "chunk")
+    collection_id = models.BigIntegerField()
+    term = models.TextField()
+    chunk = models.ForeignKey(Chunk, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
+    tf = models.IntegerField()
+    chunk_length = models.IntegerField()
+
+    class Meta:
+        db_table = "kb_posting"
+
+
+class TermStats(models.Model):
+    pk = models.CompositePrimaryKey("collection_id", "term")
+    collection_id = models.BigIntegerField()
+    term = models.TextField()
+    df = models.IntegerField()
+
+    class Meta:
+        db_table = "kb_term_stats"
+        verbose_name_plural = "term stats"
+
+
+class CollectionStats(models.Model):
+    collection = models.OneToOneField(
+        Collection, on_delete=models.DO_NOTHING, db_constraint=False, primary_key=True, related_name="+"
+    )
+    chunk_count = models.BigIntegerField()
+    total_length = models.BigIntegerField()
+
+    class Meta:
+        db_table = "kb_collection_stats"
+        verbose_name_plural = "collection stats"

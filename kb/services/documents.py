@@ -95,43 +95,44 @@ def document_save(
         raise KBError(ErrorCode.LOAD_FAILED, f"No text to index in {source_uri}")
     _check_chunk_sizes(drafts)
     merged_metadata = {**parsed.metadata, **(metadata or {}), "file_size": size_bytes, "ingestion_date": time.time()}
+    fields = _content_fields(parsed, source_hash, size_bytes, merged_metadata, chunk_count=len(drafts))
     with transaction.atomic():
+        # A new document is inserted with its content in one statement; an existing one is locked,
+        # so concurrent ingests of one source queue up here and the second sees the first's hash.
         document, created = Document.objects.select_for_update().get_or_create(
-            collection=collection,
-            source_uri=source_uri,
-            defaults={"content_type": parsed.content_type, "content_hash": source_hash},
+            collection=collection, source_uri=source_uri, defaults=fields
         )
         if not created and document.content_hash == source_hash and not force:
             return _unchanged(document, metadata)
         old_chunk_ids = [] if created else list(document.chunks.values_list("id", flat=True))
         new_chunks = Chunk.objects.bulk_create(
-            [
-                Chunk(
-                    document=document,
-                    collection=collection,
-                    index=draft.index,
-                    content=draft.content,
-                    token_count=draft.token_count,
-                    line_start=draft.line_start,
-                    line_end=draft.line_end,
-                    page=draft.page,
-                    content_hash=draft.content_hash,
-                    metadata=draft.metadata or {},
-                )
-                for draft in drafts
-            ],
-            batch_size=1000,
+            [_chunk(document, collection, draft) for draft in drafts], batch_size=1000
         )
-        reused = _carry_over_embeddings(old_chunk_ids, [chunk.id for chunk in new_chunks])
-        if old_chunk_ids:
+        reused = 0
+        if not created:
+            reused = _carry_over_embeddings(old_chunk_ids, [chunk.id for chunk in new_chunks])
             Chunk.objects.filter(id__in=old_chunk_ids).delete()
-        embedded = _embedded_count(document, collection)
-        _apply_content(document, parsed, source_hash, size_bytes, merged_metadata, len(new_chunks), embedded)
+            _replace_content(document, fields, embedded=_embedded_count(document, collection))
         if document.status == DocumentStatus.PENDING:
             from kb.tasks import enqueue_embedding
 
             enqueue_embedding(document.id)
     return StoredDocument(document=document, outcome="created" if created else "updated", chunks_reused=reused)
+
+
+def _chunk(document: Document, collection: Collection, draft: ChunkDraft) -> Chunk:
+    return Chunk(
+        document=document,
+        collection=collection,
+        index=draft.index,
+        content=draft.content,
+        token_count=draft.token_count,
+        line_start=draft.line_start,
+        line_end=draft.line_end,
+        page=draft.page,
+        content_hash=draft.content_hash,
+        metadata=draft.metadata or {},
+    )
 
 
 def document_delete(*, doc_id: str) -> Document:
@@ -220,28 +221,36 @@ def _embedded_count(document: Document, collection: Collection) -> int:
     return Chunk.objects.filter(document=document, embeddings__model_id=collection.embedding_model_id).count()
 
 
-def _apply_content(
-    document: Document,
-    parsed: ParsedDocument,
-    source_hash: str,
-    size_bytes: int,
-    metadata: dict[str, Any],
-    chunk_count: int,
-    embedded_count: int,
-) -> None:
-    complete = embedded_count >= chunk_count
-    document.content_type = parsed.content_type
-    document.title = parsed.title or document.title
-    document.raw_content = parsed.text
-    document.content_hash = source_hash
-    document.size_bytes = size_bytes
-    document.metadata = metadata
-    document.chunk_count = chunk_count
-    document.embedded_count = embedded_count
-    document.status = DocumentStatus.READY if complete else DocumentStatus.PENDING
-    document.error = document.error_code = ""
-    document.embed_attempts = 0
-    document.lease_expires_at = None if complete else pending_requeue_deadline()
+def _content_fields(
+    parsed: ParsedDocument, source_hash: str, size_bytes: int, metadata: dict[str, Any], *, chunk_count: int
+) -> dict[str, Any]:
+    """A document's fields for new content, waiting for its first vector."""
+    return {
+        "content_type": parsed.content_type,
+        "title": parsed.title,
+        "raw_content": parsed.text,
+        "content_hash": source_hash,
+        "size_bytes": size_bytes,
+        "metadata": metadata,
+        "chunk_count": chunk_count,
+        "embedded_count": 0,
+        "status": DocumentStatus.PENDING,
+        "error": "",
+        "error_code": "",
+        "embed_attempts": 0,
+        "lease_expires_at": pending_requeue_deadline(),
+    }
+
+
+def _replace_content(document: Document, fields: dict[str, Any], *, embedded: int) -> None:
+    title = fields["title"] or document.title  # keep a title the new content does not carry
+    for name, value in fields.items():
+        setattr(document, name, value)
+    document.title = title
+    document.embedded_count = embedded
+    if embedded >= document.chunk_count:  # every chunk kept its vector: nothing to embed
+        document.status = DocumentStatus.READY
+        document.lease_expires_at = None
     document.save()
 
 
