@@ -5,6 +5,7 @@ timeout) and never loads an ML library, so load balancers may poll it. The embed
 covers the default model and every model a collection uses or is switching to.
 """
 
+import os
 from typing import Any
 
 from django.conf import settings
@@ -39,6 +40,9 @@ def broker_check(*, url: str | None = None) -> dict[str, Any]:
     """Connect to the Celery broker (``url`` or the configured one) once, without retrying."""
     from config.celery import app
 
+    url = url or app.conf.broker_url
+    if url.startswith("filesystem://"):
+        return _filesystem_broker_check(app.conf.broker_transport_options)
     try:
         with app.connection_for_write(url=url, connect_timeout=CHECK_TIMEOUT_SECONDS) as broker:
             broker.ensure_connection(max_retries=1, interval_start=0, timeout=CHECK_TIMEOUT_SECONDS)
@@ -46,6 +50,15 @@ def broker_check(*, url: str | None = None) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - kombu raises many types; any of them means "down"
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"ok": True, "transport": transport}
+
+
+def _filesystem_broker_check(options: dict[str, Any]) -> dict[str, Any]:
+    """The server-less broker is its folders: they must exist and be writable."""
+    folders = {options.get(key) for key in ("data_folder_in", "data_folder_out", "control_folder")} - {None}
+    unusable = sorted(folder for folder in folders if not os.access(folder, os.W_OK | os.X_OK))
+    if unusable:
+        return {"ok": False, "transport": "filesystem", "error": f"not writable: {', '.join(unusable)}"}
+    return {"ok": True, "transport": "filesystem"}
 
 
 def embedding_check(*, models: list[tuple[str, str]]) -> dict[str, Any]:

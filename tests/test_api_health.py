@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from config.celery import app
 from kb.health import broker_check
 from kb.services.collections import collection_create
 from tests.conftest import free_port
@@ -79,3 +80,14 @@ def test_an_unreachable_broker_is_reported_without_retrying_for_long():
     check = broker_check(url=f"redis://127.0.0.1:{free_port()}/0")
     assert check["ok"] is False
     assert "Error" in check["error"]
+
+
+def test_the_file_system_broker_needs_writable_folders(tmp_path):
+    options = dict(app.conf.broker_transport_options)
+    assert broker_check()["ok"] is True
+    app.conf.broker_transport_options = {**options, "control_folder": str(tmp_path / "missing")}
+    try:
+        check = broker_check()
+    finally:
+        app.conf.broker_transport_options = options
+    assert check == {"ok": False, "transport": "filesystem", "error": f"not writable: {tmp_path / 'missing'}"}

@@ -27,7 +27,7 @@ class Progress:
         self._last_line = 0.0
         self._bar = None
         if _is_tty(raw):
-            self._bar = tqdm(total=total, desc=description, unit=unit, file=raw, dynamic_ncols=True)
+            self._bar = tqdm(total=total, desc=description, unit=f" {unit}", file=raw, dynamic_ncols=True)
 
     def __enter__(self) -> "Progress":
         return self

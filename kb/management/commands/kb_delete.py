@@ -16,7 +16,7 @@ class Command(KBCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("doc_ids", nargs="+", metavar="DOC_ID")
 
-    def handle(self, *doc_ids: str, **options: Any) -> None:
+    def handle(self, *args: Any, doc_ids: list[str], **options: Any) -> None:
         failures = 0
         for doc_id in doc_ids:
             try:

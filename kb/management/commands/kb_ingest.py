@@ -33,7 +33,7 @@ class Command(KBCommand):
         parser.add_argument("--wait", action="store_true", help="wait until the worker embedded every document")
         parser.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits at most")
 
-    def handle(self, *sources: str, **options: Any) -> None:
+    def handle(self, *args: Any, sources: list[str], **options: Any) -> None:
         name = options["collection"]
         collection = collection_get_or_create(name=name) if options["create"] else collection_get(name=name)
         items = self._ingest(collection, sources, options)
@@ -47,9 +47,9 @@ class Command(KBCommand):
         if failed:
             raise CommandError(f"{failed} source(s) failed", returncode=1)
 
-    def _ingest(self, collection: Collection, sources: tuple[str, ...], options: dict[str, Any]) -> list[IngestItem]:
+    def _ingest(self, collection: Collection, sources: list[str], options: dict[str, Any]) -> list[IngestItem]:
         items: list[IngestItem] = []
-        with Progress(self.stderr, description="Ingesting", unit="file") as progress:
+        with Progress(self.stderr, description="Ingesting", unit="files") as progress:
 
             def record(item: IngestItem) -> None:
                 items.append(item)
@@ -76,7 +76,7 @@ class Command(KBCommand):
         """Follow the worker's progress over the chunks of ``doc_ids``; returns the documents that failed."""
         deadline = time.monotonic() + timeout
         state = documents_embedding_progress(doc_ids=doc_ids)
-        with Progress(self.stderr, description="Embedding", unit="chunk", total=state.chunks) as progress:
+        with Progress(self.stderr, description="Embedding", unit="chunks", total=state.chunks) as progress:
             while True:
                 progress.update_to(state.embedded_chunks, state.chunks)
                 if state.done:

@@ -1,0 +1,101 @@
+"""kb_ingest through call_command: progress, summary, failures and the exit status."""
+
+import io
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from kb.models import Collection, Document
+from kb.services.collections import collection_create
+from tests.support.documents import write_mixed_folder
+
+pytestmark = pytest.mark.django_db
+
+
+class Terminal(io.StringIO):
+    """What the command writes to when a person watches it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def ingest(*args: str, stderr: io.StringIO | None = None) -> tuple[str, str]:
+    out, err = io.StringIO(), stderr or io.StringIO()
+    try:
+        call_command("kb_ingest", *args, stdout=out, stderr=err)
+    except CommandError as error:
+        error.output = (out.getvalue(), err.getvalue())  # type: ignore[attr-defined]
+        raise
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, settings):
+    """The current directory, where the commands may read files (KB_FILE_ROOTS unset)."""
+    settings.KB_FILE_ROOTS = []
+    monkeypatch.chdir(tmp_path)
+    write_mixed_folder(tmp_path / "docs")
+    return tmp_path
+
+
+def test_it_ingests_a_folder_of_mixed_files_and_summarises(workdir):
+    out, err = ingest("./docs", "--collection", "docs", "--create", "--recursive")
+    assert "Collection docs: 8 created, 0 updated, 0 unchanged, 0 failed" in out
+    assert Document.objects.filter(collection__name="docs").count() == 8
+    # Not a terminal: one plain line per file, no carriage returns redrawing a bar.
+    assert "\r" not in err
+    assert "Ingesting [8] created" in err
+    assert "src/retry.py" in err
+    again, _ = ingest("./docs", "--collection", "docs", "--recursive")
+    assert "0 created, 0 updated, 8 unchanged, 0 failed" in again
+
+
+def test_folders_are_read_without_subfolders_unless_recursive(workdir):
+    out, _ = ingest("docs", "--collection", "docs", "--create")
+    assert "6 created" in out
+    assert "add --recursive" in out
+
+
+def test_a_terminal_gets_a_progress_bar(workdir):
+    terminal = Terminal()
+    ingest("docs", "--collection", "docs", "--create", "--recursive", stderr=terminal)
+    drawn = terminal.getvalue()
+    assert "\rIngesting: 8 files [" in drawn
+    assert "files/s]" in drawn
+
+
+def test_failures_are_listed_with_their_reasons_and_the_exit_status_is_1(workdir):
+    (workdir / "docs" / "broken.json").write_text("{not json")
+    with pytest.raises(CommandError) as failed:
+        ingest("docs", "missing.md", "--collection", "docs", "--create")
+    assert failed.value.returncode == 1
+    out, _ = failed.value.output
+    assert "6 created, 0 updated, 0 unchanged, 2 failed" in out
+    assert "broken.json: LOAD_FAILED: The content is not valid JSON" in out
+    assert "missing.md: LOAD_FAILED: No such file or directory" in out
+
+
+def test_paths_outside_the_allowed_roots_fail(workdir, tmp_path_factory):
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "secret.md").write_text("# Secret")
+    with pytest.raises(CommandError) as failed:
+        ingest(str(elsewhere / "secret.md"), "--collection", "docs", "--create")
+    assert "INVALID_URI" in failed.value.output[0]
+
+
+def test_an_unknown_collection_needs_create(workdir):
+    with pytest.raises(CommandError, match="COLLECTION_NOT_FOUND: Collection not found: docs"):
+        ingest("docs", "--collection", "docs")
+    assert not Collection.objects.exists()
+
+
+def test_uris_and_a_content_type_override(workdir):
+    collection_create(name="code")
+    out, _ = ingest("data:,fn main() {}", "--collection", "code", "--content-type", "rust")
+    assert "1 created" in out
+    assert Document.objects.get().content_type == "rust"
+
+
+def test_waiting_without_a_worker_gives_up_with_a_hint(workdir):
+    with pytest.raises(CommandError, match="Is a Celery worker running"):
+        ingest("docs/guide.md", "--collection", "docs", "--create", "--wait", "--timeout", "1")

@@ -1,0 +1,135 @@
+"""kb_search, kb_collections, kb_stats, kb_reembed, kb_delete and kb_token through call_command."""
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command, load_command_class
+
+from kb.models import ApiToken, Collection, Document
+from kb.services.collections import collection_create
+from kb.services.documents import document_create_from_text
+from kb.services.tokens import token_authenticate
+from tests.support.api_helpers import embed_now
+from tests.support.documents import MARKDOWN, PYTHON
+
+pytestmark = pytest.mark.django_db
+
+COMMANDS = ["kb_ingest", "kb_search", "kb_collections", "kb_stats", "kb_reembed", "kb_delete", "kb_token"]
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+@pytest.fixture
+def library():
+    docs = collection_create(name="docs", description="Guides")
+    code = collection_create(name="code")
+    guide = document_create_from_text(
+        collection=docs, source_uri="file:///guide.md", text=MARKDOWN, content_type="markdown"
+    )
+    retry = document_create_from_text(
+        collection=code, source_uri="file:///retry.py", text=PYTHON, content_type="python"
+    )
+    return {"guide": embed_now(guide.document.pk), "retry": embed_now(retry.document.pk)}
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_the_help_of_each_command_explains_it_with_an_example(name):
+    command = load_command_class("kb", name)
+    text = command.create_parser("manage.py", name).format_help()
+    assert "Example" in text
+    assert f"python manage.py {name} " in command.help
+
+
+def test_kb_search_prints_ranked_results_with_scores_sources_and_lines(library):
+    out = run("kb_search", "upgrade one replica at a time", "--collection", "docs", "--top-k", "2")
+    first = out.splitlines()[0]
+    assert first.startswith(" 1. score ")
+    assert "[docs] file:///guide.md  lines " in first
+    assert "Upgrade one replica at a time" in out
+
+
+def test_kb_search_json_is_the_apis_search_response(library, client):
+    out = run("kb_search", "Backoff delay", "--mode", "keyword", "--json")
+    body = json.loads(out)
+    assert body["results"][0]["source_uri"] == "file:///retry.py"
+    api = client.post(
+        "/api/search", {"query": "Backoff delay", "mode": "keyword"}, content_type="application/json"
+    ).json()
+    assert body == api
+
+
+def test_kb_search_errors_exit_non_zero(library):
+    with pytest.raises(CommandError, match="COLLECTION_NOT_FOUND"):
+        run("kb_search", "x", "--collection", "nope")
+    assert "No results." in run("kb_search", "zzzqqq", "--mode", "keyword")
+
+
+def test_kb_collections_lists_creates_and_deletes(library):
+    table = run("kb_collections", "list")
+    header, _, docs_row = table.splitlines()
+    assert header.split()[:3] == ["NAME", "DOCS", "READY"]
+    assert docs_row.split()[:3] == ["docs", "1", "1"]
+    listed = json.loads(run("kb_collections", "list", "--json"))
+    assert [c["name"] for c in listed["collections"]] == ["code", "docs"]
+    assert "Created collection notes" in run(
+        "kb_collections", "create", "notes", "--description", "N", "--chunk-max-tokens", "256"
+    )
+    assert Collection.objects.get(name="notes").chunk_max_tokens == 256
+    with pytest.raises(CommandError, match="COLLECTION_EXISTS"):
+        run("kb_collections", "create", "notes")
+    with pytest.raises(CommandError, match="--yes"):
+        run("kb_collections", "delete", "docs")
+    assert "Deleted collection docs with 1 documents" in run("kb_collections", "delete", "docs", "--yes")
+    assert not Collection.objects.filter(name="docs").exists()
+
+
+def test_kb_stats_prints_counts_or_json(library):
+    text = run("kb_stats")
+    assert "All collections" in text
+    assert any(line.split() == ["documents", "2"] for line in text.splitlines())
+    one = json.loads(run("kb_stats", "--collection", "code", "--json"))
+    assert (one["documents"], one["filter"]) == (1, "code")
+    with pytest.raises(CommandError, match="COLLECTION_NOT_FOUND"):
+        run("kb_stats", "--collection", "nope")
+
+
+def test_kb_reembed_switches_the_model_in_the_background(library):
+    out = run("kb_reembed", "--collection", "docs", "--provider", "ollama", "--model", "nomic-embed-text")
+    assert "Re-embedding collection docs with ollama:nomic-embed-text" in out
+    assert Collection.objects.get(name="docs").next_embedding_model.name == "nomic-embed-text"
+    back = run("kb_reembed", "--collection", "docs", "--model", "all-MiniLM-L6-v2")
+    assert "already uses" in back
+    with pytest.raises(CommandError, match="INVALID_ARGUMENT"):
+        run("kb_reembed", "--collection", "docs", "--model", "  ")
+
+
+def test_kb_delete_deletes_documents_and_fails_on_unknown_ids(library):
+    guide = library["guide"]
+    assert f"Deleted {guide.pk} (file:///guide.md) from docs." in run("kb_delete", guide.pk)
+    assert not Document.objects.filter(pk=guide.pk).exists()
+    with pytest.raises(CommandError) as failed:
+        run("kb_delete", guide.pk, library["retry"].pk)
+    assert failed.value.returncode == 1
+    assert not Document.objects.exists()
+
+
+def test_kb_token_creates_lists_and_revokes(library):
+    raw = run("kb_token", "create", "ci", "--scope", "write", "--collection", "docs", "--expires-days", "30").strip()
+    token = token_authenticate(raw=raw)
+    assert (token.name, token.scope, [c.name for c in token.collections.all()]) == ("ci", "write", ["docs"])
+    assert token.expires_at is not None
+    table = run("kb_token", "list")
+    assert token.prefix in table and "docs" in table and "active" in table
+    assert raw not in table
+    assert f"Revoked token {token.prefix}" in run("kb_token", "revoke", token.prefix)
+    assert ApiToken.objects.get().revoked_at is not None
+    assert "revoked" in run("kb_token", "list")
+    with pytest.raises(CommandError, match="COLLECTION_NOT_FOUND"):
+        run("kb_token", "create", "bad", "--collection", "nope")
+    with pytest.raises(CommandError, match="INVALID_ARGUMENT"):
+        run("kb_token", "revoke", "00000000")

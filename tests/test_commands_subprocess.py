@@ -1,0 +1,54 @@
+"""The commands as a new user runs them: real processes, a real Celery worker, output to pipes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings
+
+from kb.models import Document, DocumentStatus
+from tests.conftest import ROOT, child_env
+from tests.support.documents import write_mixed_folder
+
+# available_apps makes the flush after each test TRUNCATE ... CASCADE: the BM25 tables that
+# migration 0002 adds reference kb_collection without being Django models.
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True, available_apps=settings.INSTALLED_APPS)]
+
+
+def manage(*args: str, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python manage.py ...`` in ``cwd`` with stdout and stderr on pipes (not a terminal)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_ingest_a_folder_wait_for_the_worker_then_find_the_passage(celery_worker, tmp_path):
+    write_mixed_folder(tmp_path / "docs")
+    ingest = manage("kb_ingest", "./docs", "--collection", "docs", "--create", "--wait", cwd=tmp_path)
+    assert ingest.returncode == 0, ingest.stdout + ingest.stderr + celery_worker.log()[-3000:]
+    assert "Collection docs: 6 created, 0 updated, 0 unchanged, 0 failed" in ingest.stdout
+    # Progress on a pipe: plain lines, no bar redrawn with carriage returns.
+    assert "\r" not in ingest.stderr
+    assert "Ingesting [6] created" in ingest.stderr
+    chunks = sum(Document.objects.values_list("chunk_count", flat=True))
+    assert f"Embedding: {chunks}/{chunks} chunks" in ingest.stderr
+    assert set(Document.objects.values_list("status", flat=True)) == {DocumentStatus.READY}
+
+    found = manage("kb_search", "How do I upgrade the replicas?", "--collection", "docs", "--json", cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    best = json.loads(found.stdout)["results"][0]
+    assert "Upgrade one replica at a time" in best["content"]
+    assert best["source_uri"].endswith("/docs/guide.md")
+    assert best["similarity"] is not None  # found by meaning too: the worker embedded it
+
+
+def test_a_failing_command_exits_non_zero_with_the_reason_on_stderr(tmp_path):
+    result = manage("kb_ingest", "missing.md", "--collection", "nope", cwd=tmp_path, timeout=120)
+    assert result.returncode == 1
+    assert "COLLECTION_NOT_FOUND: Collection not found: nope" in result.stderr
