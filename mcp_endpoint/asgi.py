@@ -1,16 +1,60 @@
-"""Routes and lifespan of the MCP transports inside the ASGI host (filled in by the MCP app)."""
+"""The MCP transports inside the ASGI host (config/asgi.py): the routes of every profile, and the
+lifespan that runs their Streamable HTTP session managers (mounted apps never see theirs).
+
+    /sse, /messages/, /mcp                        the default profile (MCP_DEFAULT_PROFILE)
+    /profiles/<name>/sse, .../messages/, .../mcp  each profile of settings.MCP_PROFILES
+
+Each profile is one MCP server with one SSE transport and one session manager, reachable under
+both addresses when it is the default. Every request passes mcp_endpoint.security.MCPGuard.
+"""
 
 import contextlib
 from collections.abc import AsyncIterator
 
+import anyio
+from django.conf import settings
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import ASGIApp
+
+from mcp_endpoint.security import MCPGuard
+from mcp_endpoint.servers import build_server
+from mcp_endpoint.tooling import KBServer, stop_tool_threads
+
+_session_managers: list[StreamableHTTPSessionManager] = []
+
+
+def transports(server: KBServer) -> ASGIApp:
+    """SSE (/sse with /messages/) and Streamable HTTP (/mcp) of one server, behind the guard."""
+    # The guard checks Host and Origin against ALLOWED_HOSTS; the SDK's own check knows only loopback.
+    checked_by_guard = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    sse = server.sse_app(sse_path="/sse", message_path="/messages/", transport_security=checked_by_guard)
+    http = server.streamable_http_app(
+        streamable_http_path="/mcp", stateless_http=settings.MCP_STATELESS_HTTP, transport_security=checked_by_guard
+    )
+    _session_managers.append(server.session_manager)
+    return MCPGuard(Starlette(routes=[*sse.routes, *http.routes]))
 
 
 def mcp_routes() -> list[BaseRoute]:
-    return []
+    apps = {profile: transports(build_server(profile)) for profile in settings.MCP_PROFILES}
+    default = apps[settings.MCP_DEFAULT_PROFILE]
+    return [
+        Route("/sse", default, methods=["GET"]),
+        Route("/messages/", default, methods=["POST"]),
+        Route("/mcp", default, methods=["GET", "POST", "DELETE"]),
+        *(Mount(f"/profiles/{profile}", app=app) for profile, app in apps.items()),
+    ]
 
 
 @contextlib.asynccontextmanager
 async def mcp_lifespan(app: Starlette) -> AsyncIterator[None]:
-    yield
+    async with contextlib.AsyncExitStack() as stack:
+        for manager in _session_managers:
+            await stack.enter_async_context(manager.run())
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(stop_tool_threads)

@@ -1,0 +1,42 @@
+"""``manage.py mcp_stdio [--profile NAME] [--read-only]``: an MCP server on stdin and stdout, for
+clients that spawn it (Claude Desktop, Claude Code, IDE agents).
+
+Nothing but protocol goes to stdout: the SDK points file descriptor 1 at stderr while it serves, and
+logging goes to stderr (config.settings.LOGGING). The process is the user's own, with the database
+credentials in its environment, so it has full access, and file:// ingestion reads under
+KB_FILE_ROOTS or else the working directory.
+"""
+
+from typing import Any
+
+import anyio
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+from kb.access import FULL_ACCESS
+from mcp_endpoint.caller import Caller, calling_as
+from mcp_endpoint.servers import build_server
+from mcp_endpoint.tooling import stop_tool_threads
+
+
+class Command(BaseCommand):
+    help = "Serve MCP over stdio (for clients that start the server themselves)."
+    # Start fast and write nothing: clients wait for the handshake.
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--profile",
+            choices=settings.MCP_PROFILES,
+            default=settings.MCP_DEFAULT_PROFILE,
+            help="Which tool set to serve (default: MCP_DEFAULT_PROFILE)",
+        )
+        parser.add_argument("--read-only", action="store_true", help="Leave out every tool that writes")
+
+    def handle(self, *args: Any, profile: str, read_only: bool, **options: Any) -> None:
+        server = build_server(profile, read_only=True if read_only else None)
+        try:
+            with calling_as(Caller(access=FULL_ACCESS, local=True)):
+                anyio.run(server.run_stdio_async)
+        finally:
+            stop_tool_threads()

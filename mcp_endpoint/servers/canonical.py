@@ -1,0 +1,410 @@
+"""The canonical MCP server: rag-mcp's seven tools (seed 001) with their arguments, defaults, result
+shapes and error codes, plus what a curator needs over MCP: delete a collection, fetch a document,
+follow ingestion. Every tool is a thin adapter over kb.services / kb.selectors / kb.search."""
+
+import time
+from typing import Annotated, Any, Literal
+
+import anyio
+from pydantic import Field
+from typing_extensions import TypedDict
+
+from kb.errors import ErrorCode, KBError
+from kb.ingestion.formats import CONTENT_TYPES
+from kb.ingestion_status import ingestion_status
+from kb.search import search
+from kb.selectors import collection_get, collection_list, document_chunks, document_list, kb_stats
+from kb.services.collections import collection_create, collection_delete
+from kb.services.documents import document_delete
+from kb.services.ingest import document_ingest
+from mcp_endpoint.budget import fit_list, fit_texts
+from mcp_endpoint.caller import current_access, current_caller, visible_document
+from mcp_endpoint.servers import prompts, resources
+from mcp_endpoint.servers.rag_shapes import (
+    CollectionSummary,
+    DocumentDetail,
+    DocumentProgress,
+    DocumentSummary,
+    IngestOutput,
+    SearchOutput,
+    collection_summary,
+    document_detail,
+    document_progress,
+    document_summary,
+    ingest_output,
+    search_output,
+)
+from mcp_endpoint.tooling import (
+    CREATING,
+    DESTRUCTIVE,
+    FETCHING,
+    READ_ONLY,
+    KBServer,
+    in_thread,
+    service_tool,
+)
+
+INSTRUCTIONS = (
+    "A knowledge base of document collections. Search with rag_search (hybrid keyword + semantic) and cite "
+    "each result's source_uri and lines. Add documents with rag_ingest (file://, https:// or data: URIs); "
+    "they are keyword-searchable at once and semantically searchable once embedded (rag_ingestion_status)."
+)
+POLL_SECONDS = 0.5
+COLLECTIONS_IN_DESCRIPTION = 50
+
+Collection = Annotated[str, Field(description="Collection name (letters, digits, '-' and '_'; case-sensitive)")]
+DocId = Annotated[str, Field(description="Document ID (ULID), as returned by rag_ingest or rag_search's 'source'")]
+
+
+@service_tool()
+def rag_search(
+    query: Annotated[str, Field(description="The search query: natural language works best")],
+    collection: Annotated[
+        str | None, Field(description="Search only this collection; omit to search all collections")
+    ] = None,
+    top_k: Annotated[int, Field(ge=1, le=100, description="Number of results to return")] = 10,
+    hybrid: Annotated[
+        bool, Field(description="Combine semantic and keyword search; false gives keyword-only (exact terms)")
+    ] = True,
+    mode: Annotated[
+        Literal["hybrid", "semantic", "keyword"] | None, Field(description="Search mode; overrides 'hybrid' when set")
+    ] = None,
+    semantic_weight: Annotated[
+        float | None,
+        Field(ge=0.0, le=1.0, description="Hybrid mode: weight of semantic vs keyword ranks (default per collection)"),
+    ] = None,
+    min_score: Annotated[float | None, Field(description="Drop results whose score is below this")] = None,
+    metadata_filter: Annotated[
+        dict[str, Any] | None,
+        Field(
+            description="Only documents whose metadata match, e.g. "
+            '{"author": "Smith", "year": {"$gte": 2020}, "lang": {"$in": ["en", "de"]}} '
+            "(operators: $eq $ne $gt $gte $lt $lte $in)"
+        ),
+    ] = None,
+    content_types: Annotated[
+        list[str] | None, Field(description="Only these content types, e.g. ['python', 'markdown']")
+    ] = None,
+    document_ids: Annotated[list[str] | None, Field(description="Only these documents")] = None,
+) -> SearchOutput:
+    """Search the knowledge base with hybrid search: BM25 keyword ranking and semantic similarity, fused
+    with Reciprocal Rank Fusion. Each result has the chunk text, its document ('source' is the document
+    ID, 'source_uri' where it came from), collection and line range (metadata.lines) to cite."""
+    access = current_access()
+    access.require("read")
+    response = search(
+        query=query,
+        collections=access.search_collections([collection] if collection is not None else None),
+        top_k=top_k,
+        mode=mode or ("hybrid" if hybrid else "keyword"),
+        semantic_weight=semantic_weight,
+        min_score=min_score,
+        metadata=metadata_filter,
+        content_types=content_types,
+        document_ids=document_ids,
+    )
+    output = search_output(response)
+    output["truncated"] = fit_list(output["results"], "content", envelope=output, flag_key="content_truncated")
+    output["total_results"] = len(output["results"])
+    return output
+
+
+@service_tool()
+def rag_ingest(
+    uri: Annotated[
+        str,
+        Field(description="URI of the document: file:// (a file or a folder), https://, or data: for raw content"),
+    ],
+    collection: Collection,
+    content_type: Annotated[
+        str | None,
+        Field(
+            description="Content type override; detected when omitted",
+            json_schema_extra={"enum": [*CONTENT_TYPES, None]},
+        ),
+    ] = None,
+    metadata: Annotated[dict[str, Any] | None, Field(description="Metadata to attach to the document")] = None,
+    title: Annotated[str | None, Field(description="Title to use instead of the detected one")] = None,
+    force: Annotated[bool, Field(description="Re-index even when the content did not change")] = False,
+) -> IngestOutput:
+    """Ingest a document into a collection (create the collection first with rag_create_collection).
+    Content is deduplicated by hash: an unchanged source is a no-op, a changed one is updated in place.
+    The document is keyword-searchable at once and semantically searchable once embedded: follow it
+    with rag_ingestion_status."""
+    caller = current_caller()
+    caller.access.require("write")
+    caller.access.check_collection(collection)
+    report = document_ingest(
+        collection=collection_get(name=collection),
+        uri=uri,
+        file_roots=caller.file_roots(),
+        content_type=content_type,
+        metadata=metadata,
+        title=title,
+        force=force,
+    )
+    return ingest_output(collection=collection, uri=uri, report=report)
+
+
+class DeleteOutput(TypedDict):
+    success: bool
+    deleted_doc_id: str
+    source_uri: str
+    collection: str
+
+
+@service_tool()
+def rag_delete(doc_id: DocId) -> DeleteOutput:
+    """Delete a document with its chunks and embeddings."""
+    current_access().require("write")
+    visible_document(doc_id)
+    document = document_delete(doc_id=doc_id)
+    return DeleteOutput(
+        success=True, deleted_doc_id=document.pk, source_uri=document.source_uri, collection=document.collection.name
+    )
+
+
+class CollectionsOutput(TypedDict):
+    collections: list[CollectionSummary]
+    total: int
+
+
+@service_tool()
+def rag_list_collections() -> CollectionsOutput:
+    """List the collections with their document and chunk counts (created_at in Unix milliseconds)."""
+    access = current_access()
+    access.require("read")
+    collections = [collection_summary(c) for c in collection_list() if access.can_see(c.name)]
+    return CollectionsOutput(collections=collections, total=len(collections))
+
+
+class DocumentsOutput(TypedDict):
+    collection: str
+    documents: list[DocumentSummary]
+    count: int
+    offset: int
+    limit: int
+
+
+@service_tool()
+def rag_list_documents(
+    collection: Collection,
+    limit: Annotated[int, Field(ge=1, le=1000, description="Maximum documents to return")] = 100,
+    offset: Annotated[int, Field(ge=0, description="Pagination offset")] = 0,
+    status: Annotated[
+        Literal["pending", "processing", "ready", "failed"] | None, Field(description="Only documents in this state")
+    ] = None,
+) -> DocumentsOutput:
+    """List the documents of a collection, oldest first."""
+    access = current_access()
+    access.require("read")
+    access.check_collection(collection)
+    documents = document_list(collection=collection_get(name=collection), limit=limit, offset=offset, status=status)
+    summaries = [document_summary(document) for document in documents]
+    return DocumentsOutput(collection=collection, documents=summaries, count=len(summaries), offset=offset, limit=limit)
+
+
+class CreatedCollection(TypedDict):
+    success: bool
+    name: str
+    description: str
+    uuid: str
+
+
+@service_tool()
+def rag_create_collection(
+    name: Annotated[
+        str,
+        Field(description="Collection name (alphanumeric, hyphens, underscores)", pattern=r"^[a-zA-Z0-9_-]+$"),
+    ],
+    description: Annotated[str, Field(description="Optional description")] = "",
+) -> CreatedCollection:
+    """Create a new, empty collection."""
+    access = current_access()
+    access.require("write")
+    access.require_unrestricted("create collections")
+    collection = collection_create(name=name, description=description)
+    return CreatedCollection(
+        success=True, name=collection.name, description=collection.description, uuid=str(collection.uuid)
+    )
+
+
+class StatsOutput(TypedDict):
+    collections: int
+    documents: int
+    chunks: int
+    embeddings: int
+    storage_bytes: int
+    filter: str | None
+    pending: int
+    processing: int
+    failed: int
+
+
+@service_tool()
+def rag_stats(
+    collection: Annotated[str | None, Field(description="Optional collection to filter stats")] = None,
+) -> StatsOutput:
+    """Statistics of the knowledge base, or of one collection: documents, chunks, embeddings, storage size,
+    and documents still waiting for embedding."""
+    access = current_access()
+    access.require("read")
+    if collection is None:
+        access.require_unrestricted("see statistics of the whole knowledge base")
+    else:
+        access.check_collection(collection)
+    return StatsOutput(**kb_stats(collection=collection).as_dict())
+
+
+class CollectionDeleted(TypedDict):
+    success: bool
+    name: str
+    documents_deleted: int
+    chunks_deleted: int
+
+
+@service_tool()
+def rag_delete_collection(
+    name: Collection,
+    confirm: Annotated[
+        bool, Field(description="Must be true: the collection and all its documents are deleted")
+    ] = False,
+) -> CollectionDeleted:
+    """Delete a collection with all its documents, chunks and embeddings. Requires confirm: true."""
+    access = current_access()
+    access.require("admin")
+    access.check_collection(name)
+    if not confirm:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT, f"Deleting collection {name!r} removes all its documents: pass confirm: true"
+        )
+    deletion = collection_delete(name=name)
+    return CollectionDeleted(
+        success=True, name=deletion.name, documents_deleted=deletion.documents, chunks_deleted=deletion.chunks
+    )
+
+
+class ChunkOutput(TypedDict):
+    index: int
+    content: str
+    tokens: int
+    lines: str
+    page: int | None
+
+
+class DocumentOutput(DocumentDetail):
+    raw_content: str | None
+    chunks: list[ChunkOutput] | None
+    truncated: bool
+
+
+@service_tool()
+def rag_get_document(
+    doc_id: DocId,
+    include_content: Annotated[bool, Field(description="Include the document's full text")] = False,
+    include_chunks: Annotated[bool, Field(description="Include its chunks")] = False,
+) -> DocumentOutput:
+    """A document's metadata, ingestion status and chunk count; its text and chunks on request (long
+    texts are cut to the response budget, visibly)."""
+    current_access().require("read")
+    document = visible_document(doc_id)
+    chunks = None
+    if include_chunks:
+        chunks = [
+            ChunkOutput(index=c.index, content=c.content, tokens=c.token_count, lines=c.lines, page=c.page)
+            for c in document_chunks(document=document)
+        ]
+    output = DocumentOutput(
+        **document_detail(document),
+        raw_content=document.raw_content if include_content else None,
+        chunks=chunks,
+        truncated=False,
+    )
+    texts = [(output, "raw_content")] if include_content else []
+    output["truncated"] = bool(fit_texts(output, texts + [(chunk, "content") for chunk in chunks or []]))
+    return output
+
+
+class IngestionStatusOutput(TypedDict):
+    done: bool
+    counts: dict[str, int]
+    documents: list[DocumentProgress]
+
+
+@service_tool()
+def _ingestion_progress(doc_ids: list[str] | None, collection: str | None) -> IngestionStatusOutput:
+    access = current_access()
+    access.require("read")
+    if collection is not None:
+        access.check_collection(collection)
+        status = ingestion_status(collection=collection_get(name=collection))
+    else:
+        if doc_ids is not None:
+            for doc_id in doc_ids:
+                visible_document(doc_id)
+        status = ingestion_status(doc_ids=doc_ids)
+    documents = [document_progress(document) for document in status.documents]
+    return IngestionStatusOutput(done=status.done, counts=status.counts, documents=documents)
+
+
+async def rag_ingestion_status(
+    doc_ids: Annotated[list[str] | None, Field(description="Documents to follow (IDs from rag_ingest)")] = None,
+    collection: Annotated[str | None, Field(description="Or: a whole collection")] = None,
+    wait_seconds: Annotated[
+        float, Field(ge=0, le=120, description="Wait up to this long for embedding to finish before answering")
+    ] = 0,
+) -> IngestionStatusOutput:
+    """Ingestion status of documents (or of a collection): pending, processing, ready or failed with
+    the error. 'done' is true when nothing is waiting for embedding; give wait_seconds to wait for it."""
+    deadline = time.monotonic() + wait_seconds
+    progress = await _ingestion_progress(doc_ids, collection)
+    while isinstance(progress, dict) and not progress["done"] and time.monotonic() < deadline:
+        await anyio.sleep(POLL_SECONDS)
+        progress = await _ingestion_progress(doc_ids, collection)
+    return progress
+
+
+def _collections_for_description() -> str:
+    access = current_access()
+    names = [f"{c.name} ({c.document_total} documents)" for c in collection_list() if access.can_see(c.name)]
+    if not names:
+        return "There are no collections yet."
+    shown = ", ".join(names[:COLLECTIONS_IN_DESCRIPTION])
+    more = f" and {len(names) - COLLECTIONS_IN_DESCRIPTION} more" if len(names) > COLLECTIONS_IN_DESCRIPTION else ""
+    return f"Existing collections: {shown}{more}."
+
+
+async def collections_for_description() -> str:
+    try:
+        return await in_thread(_collections_for_description)
+    except KBError:
+        return ""
+
+
+TOOLS = [
+    (rag_search, READ_ONLY),
+    (rag_ingest, FETCHING),
+    (rag_delete, DESTRUCTIVE),
+    (rag_list_collections, READ_ONLY),
+    (rag_list_documents, READ_ONLY),
+    (rag_create_collection, CREATING),
+    (rag_stats, READ_ONLY),
+    (rag_delete_collection, DESTRUCTIVE),
+    (rag_get_document, READ_ONLY),
+    (rag_ingestion_status, READ_ONLY),
+]
+
+
+def build(*, read_only: bool) -> KBServer:
+    server = KBServer(
+        "rag-mcp",
+        version="0.1.0",
+        description="Local RAG system with hybrid search",
+        instructions=INSTRUCTIONS,
+        json_errors=True,
+    )
+    server.add_tools(TOOLS, read_only=read_only)
+    server.describe_live("rag_search", collections_for_description)
+    resources.register(server)
+    prompts.register(server, citations=True)
+    return server

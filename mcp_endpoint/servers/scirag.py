@@ -1,0 +1,174 @@
+"""The SciRAG profile (seed 000): retrieve_document_chunks, store_document_chunks, list_collections,
+with SciRAG's argument names, defaults, result shapes and error behaviour:
+
+- retrieve_document_chunks raises on errors (the client gets an error result with the message);
+  its scores are cosine similarities clipped to [0, 1] (semantic search, as SciRAG's is).
+- store_document_chunks never raises: ``success: false`` with a message such as
+  ``Validation error: Chunk 3 missing required field 'text'`` (chunks are numbered from 0).
+- list_collections returns the names, or ``[]`` on any error.
+
+Each ``source_filename`` becomes one document (its source URI), its chunks stored as given.
+"""
+
+import logging
+from typing import Annotated, Any
+
+from django.db import DatabaseError, transaction
+from pydantic import Field
+from typing_extensions import TypedDict
+
+from kb.errors import ErrorCode, KBError
+from kb.search import SearchResult, search
+from kb.selectors import collection_list
+from kb.services.collections import collection_get_or_create
+from kb.services.ingest import ChunkInput, document_store_chunks
+from mcp_endpoint.budget import fit_list
+from mcp_endpoint.caller import current_access
+from mcp_endpoint.servers.rag_shapes import file_name
+from mcp_endpoint.tooling import ADDITIVE, READ_ONLY, KBServer, raise_tool_error, service_tool
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COLLECTION = "DocumentChunks"
+REQUIRED_CHUNK_FIELDS = ("text", "source_filename", "chunk_index")
+SCIRAG_METADATA = ("file_size", "page_count", "creation_date", "modification_date", "ingestion_date", "title", "author")
+
+
+class RetrievedChunk(TypedDict):
+    text: str
+    source_filename: str
+    chunk_index: int
+    score: float
+    metadata: dict[str, Any]
+
+
+def retrieved_chunk(result: SearchResult) -> RetrievedChunk:
+    # SciRAG's fields first (None when unknown), then whatever else the document and chunk carry.
+    metadata = dict.fromkeys(SCIRAG_METADATA) | result.metadata | result.chunk_metadata
+    metadata["title"] = metadata["title"] or result.title or None
+    return RetrievedChunk(
+        text=result.content,
+        source_filename=file_name(result.source_uri),
+        chunk_index=result.chunk_index,
+        score=min(1.0, max(0.0, result.similarity or 0.0)),
+        metadata=metadata,
+    )
+
+
+@service_tool(on_error=raise_tool_error)
+def retrieve_document_chunks(
+    query: Annotated[str, Field(description="The search query text")],
+    top_k: Annotated[int, Field(description="Number of top results to return")] = 5,
+    collection: Annotated[
+        str | None, Field(description="Collection name to filter by. If null, searches all collections")
+    ] = None,
+) -> list[RetrievedChunk]:
+    """Searches the document knowledge base for text chunks semantically similar to a query."""
+    access = current_access()
+    access.require("read")
+    response = search(
+        query=query,
+        collections=access.search_collections([collection] if collection is not None else None),
+        top_k=top_k,
+        mode="semantic",
+    )
+    chunks = [retrieved_chunk(result) for result in response.results]
+    fit_list(chunks, "text")
+    return chunks
+
+
+class StoreResult(TypedDict):
+    success: bool
+    chunks_stored: int
+    collection: str
+    message: str
+
+
+def chunk_problem(position: int, chunk: dict[str, Any]) -> str | None:
+    for name in REQUIRED_CHUNK_FIELDS:
+        if chunk.get(name) is None:
+            return f"Chunk {position} missing required field '{name}'"
+    if not isinstance(chunk["text"], str) or not isinstance(chunk["source_filename"], str):
+        return f"Chunk {position}: 'text' and 'source_filename' must be strings"
+    if isinstance(chunk["chunk_index"], bool) or not isinstance(chunk["chunk_index"], int):
+        return f"Chunk {position}: 'chunk_index' must be an integer"
+    if not isinstance(chunk.get("metadata") or {}, dict):
+        return f"Chunk {position}: 'metadata' must be an object"
+    return None
+
+
+def store_by_source(collection_name: str, chunks: list[dict[str, Any]]) -> None:
+    """One document per source file, all or nothing."""
+    by_source: dict[str, list[dict[str, Any]]] = {}
+    for chunk in chunks:
+        by_source.setdefault(chunk["source_filename"], []).append(chunk)
+    with transaction.atomic():
+        collection = collection_get_or_create(name=collection_name)
+        for source, source_chunks in by_source.items():
+            metadata: dict[str, Any] = {}
+            for chunk in source_chunks:
+                metadata.update(chunk.get("metadata") or {})
+            document_store_chunks(
+                collection=collection,
+                source_uri=source,
+                chunks=[ChunkInput(c["chunk_index"], c["text"], c.get("metadata") or {}) for c in source_chunks],
+                title=str(metadata.get("title") or ""),
+                metadata=metadata,
+            )
+
+
+def _store(chunks: list[dict[str, Any]], collection: str) -> StoreResult:
+    access = current_access()
+    access.require("write")
+    access.check_collection(collection)
+    problems = [problem for position, chunk in enumerate(chunks) if (problem := chunk_problem(position, chunk))]
+    if problems or not chunks:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, problems[0] if problems else "No chunks to store")
+    store_by_source(collection, chunks)
+    return StoreResult(
+        success=True,
+        chunks_stored=len(chunks),
+        collection=collection,
+        message=f"Successfully stored {len(chunks)} chunks",
+    )
+
+
+@service_tool()
+def store_document_chunks(
+    chunks: Annotated[
+        list[dict[str, Any]],
+        Field(
+            description="List of chunk dictionaries: text (required), source_filename (required), "
+            "chunk_index (required, integer), metadata (optional: file_size, page_count, creation_date, "
+            "modification_date, title, author)"
+        ),
+    ],
+    collection: Annotated[str, Field(description="Collection name to store chunks in")] = DEFAULT_COLLECTION,
+) -> StoreResult:
+    """Stores document chunks in the vectorstore. Automatically generates embeddings for each chunk's text."""
+    try:
+        return _store(chunks, collection)
+    except KBError as error:
+        prefix = "Validation error" if error.code == ErrorCode.INVALID_ARGUMENT else "Error"
+        message = f"{prefix}: {error.message}"
+    except DatabaseError:
+        logger.exception("store_document_chunks failed")
+        message = "Error: the database failed; see the server log"
+    return StoreResult(success=False, chunks_stored=0, collection=collection, message=message)
+
+
+@service_tool(on_error=lambda error: [])
+def list_collections() -> list[str]:
+    """Lists all available document collections in the vectorstore."""
+    access = current_access()
+    access.require("read")
+    return [collection.name for collection in collection_list() if access.can_see(collection.name)]
+
+
+def build(*, read_only: bool) -> KBServer:
+    server = KBServer("SciRAG", instructions="Document retrieval and storage using vector search.")
+    server.add_tools(
+        [(retrieve_document_chunks, READ_ONLY), (store_document_chunks, ADDITIVE), (list_collections, READ_ONLY)],
+        read_only=read_only,
+    )
+    return server

@@ -1,0 +1,176 @@
+"""What the MCP servers here are made of: a server class, tool annotations, and the adapter that
+runs a tool's synchronous service calls in a worker thread and turns KBError into the profile's
+error behaviour."""
+
+import asyncio
+import functools
+import json
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+from django.db import DatabaseError, close_old_connections, connections
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
+from mcp_types import Tool as MCPTool
+from pydantic import ValidationError
+
+from kb.errors import ErrorCode, KBError
+from mcp_endpoint.caller import Caller, calling_as, current_caller_or_none
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+ErrorHandler = Callable[[KBError], Any]
+
+READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+# Writes that add or update but never remove; ingesting the same source again is a no-op.
+ADDITIVE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+CREATING = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False)
+# Ingestion may fetch http(s) URLs: the tool reaches beyond the knowledge base.
+FETCHING = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=True)
+
+
+# Each tool thread keeps its own database connection (CONN_MAX_AGE): opening one costs ~13 ms
+# against ~0.1 ms for a query, more than the whole transport. sync_to_async cannot keep it: it runs
+# every call in a copy of the caller's context, where Django keeps connections, so each call would
+# open (and leak until garbage collection) a connection of its own. These threads run calls in
+# their own context instead and get the caller passed explicitly.
+TOOL_THREADS = 8
+_pool: ThreadPoolExecutor | None = None
+
+
+def _tool_threads() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=TOOL_THREADS, thread_name_prefix="mcp-tool")
+    return _pool
+
+
+def stop_tool_threads() -> None:
+    """End the tool threads and close their database connections (server shutdown, end of tests)."""
+    global _pool
+    if _pool is None:
+        return
+    # Every thread takes exactly one of these (each waits for all), so every connection is closed.
+    everyone = threading.Barrier(TOOL_THREADS)
+
+    def close_connection() -> None:
+        connections.close_all()
+        everyone.wait(timeout=30)
+
+    for _ in range(TOOL_THREADS):
+        _pool.submit(close_connection)
+    _pool.shutdown(wait=True)
+    _pool = None
+
+
+def _call_as(caller: Caller | None, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    close_old_connections()
+    try:
+        with calling_as(caller):
+            return fn(*args, **kwargs)
+    except DatabaseError as exc:
+        logger.exception("Database error in an MCP tool")
+        raise KBError(ErrorCode.DATABASE_ERROR, f"Database error: {str(exc).strip().splitlines()[0]}") from exc
+
+
+async def in_thread(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run synchronous service code in a tool thread, as the current caller. Calls of different
+    sessions run in parallel, each thread with its own database connection."""
+    call = functools.partial(_call_as, current_caller_or_none(), fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_tool_threads(), call)
+
+
+def json_error(error: KBError) -> CallToolResult:
+    """rag-mcp's error body as the tool result, flagged as an error, so the client sees the code."""
+    body = error.as_dict()
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(body))], structured_content=body, is_error=True
+    )
+
+
+def raise_tool_error(error: KBError) -> NoReturn:
+    """For seeds whose tools raise: the client gets an error result with the message."""
+    raise ToolError(error.message) from error
+
+
+def service_tool(on_error: ErrorHandler = json_error) -> Callable[[Callable[P, R]], Callable[P, Awaitable[R]]]:
+    """Make an MCP tool of a synchronous function that calls the services. The tool keeps the
+    function's name, docstring and signature (its input and output schemas)."""
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(fn)
+        async def tool(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return await in_thread(fn, *args, **kwargs)
+            except KBError as error:
+                logger.info("MCP tool %s failed: %s", fn.__name__, error)
+                return on_error(error)
+
+        return tool
+
+    return decorate
+
+
+def validation_message(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(part) for part in issue['loc']) or 'arguments'}: {issue['msg']}" for issue in error.errors()
+    )
+
+
+class KBServer(MCPServer):
+    """An MCP server over the knowledge base.
+
+    ``json_errors``: arguments that fail the input schema are reported like every other error,
+    as INVALID_ARGUMENT in rag-mcp's shape (the seeds' own profiles keep the SDK's message).
+    Tool descriptions may end with live text, e.g. the collections a search can cover, computed
+    whenever the tools are listed.
+    """
+
+    def __init__(self, name: str, *, json_errors: bool = False, **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self.json_errors = json_errors
+        self._description_suffixes: dict[str, Callable[[], Awaitable[str]]] = {}
+
+    def add_tools(
+        self,
+        tools: Sequence[tuple[Callable[..., Any], ToolAnnotations]],
+        *,
+        read_only: bool,
+        structured_output: bool | None = None,
+    ) -> None:
+        """Register tools; in read-only mode those that write are not offered at all."""
+        for fn, annotations in tools:
+            if read_only and not annotations.read_only_hint:
+                continue
+            self.add_tool(fn, annotations=annotations, structured_output=structured_output)
+
+    def describe_live(self, tool_name: str, suffix: Callable[[], Awaitable[str]]) -> None:
+        self._description_suffixes[tool_name] = suffix
+
+    async def list_tools(self) -> list[MCPTool]:
+        tools = await super().list_tools()
+        return [await self._with_live_description(tool) for tool in tools]
+
+    async def _with_live_description(self, tool: MCPTool) -> MCPTool:
+        suffix = self._description_suffixes.get(tool.name)
+        if suffix is None:
+            return tool
+        return tool.model_copy(update={"description": f"{tool.description}\n\n{await suffix()}"})
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            invalid_arguments = isinstance(exc.__cause__, ValidationError) and not isinstance(exc, UnexpectedToolError)
+            if self.json_errors and invalid_arguments:
+                return json_error(KBError(ErrorCode.INVALID_ARGUMENT, validation_message(exc.__cause__)))
+            raise

@@ -1,0 +1,363 @@
+"""The canonical MCP server, in memory: rag-mcp's tools (seed 001) with their shapes, the curator's
+extras, resources, prompts, read-only mode, the response budget, access rules and every error code."""
+
+import base64
+import json
+import time
+from unittest.mock import ANY
+
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from kb.access import Access
+from kb.services.collections import collection_create
+from mcp_endpoint.servers import build_server, canonical
+from mcp_endpoint.servers.prompts import GROUNDED_QA
+from tests.conftest import free_port
+from tests.support.mcp_client import (  # noqa: F401
+    call,
+    call_ok,
+    committed_db,
+    embed_pending,
+    embed_pending_soon,
+    error_of,
+    in_memory,
+    tool_threads,
+)
+
+pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
+
+SERVER = canonical.build(read_only=False)
+READ_TOOLS = ["rag_search", "rag_list_collections", "rag_list_documents", "rag_stats", "rag_get_document",
+              "rag_ingestion_status"]  # fmt: skip
+WRITE_TOOLS = ["rag_ingest", "rag_delete", "rag_create_collection", "rag_delete_collection"]
+AERO = "Wings generate lift because air flows faster over the curved upper surface than below it."
+COOKING = "Knead the dough for ten minutes, then let it rise in a warm place until doubled."
+
+
+def data_uri(text: str, mime: str = "text/plain") -> str:
+    return f"data:{mime};base64,{base64.b64encode(text.encode()).decode()}"
+
+
+def ingest(collection: str, text: str, **arguments) -> dict:
+    return call_ok(SERVER, "rag_ingest", {"uri": data_uri(text), "collection": collection, **arguments})
+
+
+def tools_of(server, access=None) -> dict:
+    listed = in_memory(server, lambda client: client.list_tools(), **({"access": access} if access else {}))
+    return {tool.name: tool for tool in listed.tools}
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def test_it_offers_rag_mcps_tools_with_annotations_and_schemas():
+    tools = tools_of(SERVER)
+    assert sorted(tools) == sorted(READ_TOOLS + WRITE_TOOLS)
+    for name in READ_TOOLS:
+        assert tools[name].annotations.read_only_hint is True, name
+    for name in ("rag_delete", "rag_delete_collection"):
+        assert tools[name].annotations.destructive_hint is True
+    assert tools["rag_ingest"].annotations.idempotent_hint is True
+    assert tools["rag_ingest"].annotations.open_world_hint is True
+    search = tools["rag_search"].input_schema
+    assert search["required"] == ["query"]
+    assert search["properties"]["top_k"] == {
+        "default": 10, "minimum": 1, "maximum": 100, "type": "integer", "title": ANY, "description": ANY
+    }  # fmt: skip
+    assert search["properties"]["hybrid"]["default"] is True
+    assert sorted(tools["rag_ingest"].input_schema["required"]) == ["collection", "uri"]
+    assert "rust" in tools["rag_ingest"].input_schema["properties"]["content_type"]["enum"]
+    assert tools["rag_create_collection"].input_schema["properties"]["name"]["pattern"] == "^[a-zA-Z0-9_-]+$"
+    for tool in tools.values():
+        assert tool.output_schema["type"] == "object", tool.name
+    assert {"query", "total_results", "results"} <= set(tools["rag_search"].output_schema["properties"])
+
+
+def test_the_search_tool_describes_the_existing_collections():
+    assert "There are no collections yet." in tools_of(SERVER)["rag_search"].description
+    collection_create(name="papers")
+    collection_create(name="code")
+    assert (
+        "Existing collections: code (0 documents), papers (0 documents)." in tools_of(SERVER)["rag_search"].description
+    )
+
+
+def test_read_only_mode_leaves_out_every_tool_that_writes(settings):
+    settings.MCP_READ_ONLY = True
+    assert sorted(tools_of(build_server("canonical"))) == sorted(READ_TOOLS)
+
+
+def test_a_document_goes_in_is_found_and_goes_out():
+    created = call_ok(SERVER, "rag_create_collection", {"name": "code", "description": "Source code files"})
+    assert created == {"success": True, "name": "code", "description": "Source code files", "uuid": ANY}
+    source = 'fn main() {\n    println!("Hello");\n}\n'
+    ingested = ingest("code", source, content_type="rust")
+    assert ingested == {
+        "success": True, "doc_id": ANY, "collection": "code", "source_uri": ANY, "content_type": "rust",
+        "chunks_created": 1, "outcome": "created", "status": "pending", "documents": [ANY], "failed": 0,
+    }  # fmt: skip
+    doc_id = ingested["doc_id"]
+    again = ingest("code", source, content_type="rust")
+    assert (again["doc_id"], again["outcome"], again["chunks_created"]) == (doc_id, "unchanged", 0)
+
+    collections = call_ok(SERVER, "rag_list_collections")
+    assert collections["total"] == 1
+    listed = collections["collections"][0]
+    assert (listed["name"], listed["description"], listed["documents"], listed["chunks"]) == (
+        "code", "Source code files", 1, 1
+    )  # fmt: skip
+    assert now_ms() - 60_000 < listed["created_at"] <= now_ms()
+
+    documents = call_ok(SERVER, "rag_list_documents", {"collection": "code"})
+    assert (documents["count"], documents["offset"], documents["limit"]) == (1, 0, 100)
+    assert documents["documents"][0] == {
+        "id": doc_id, "source_uri": ingested["source_uri"], "content_type": "rust", "title": "", "status": "pending",
+        "chunk_count": 1, "created_at": ANY, "updated_at": ANY,
+    }  # fmt: skip
+
+    found = call_ok(SERVER, "rag_search", {"query": "println", "collection": "code", "hybrid": False})
+    assert (found["query"], found["mode"], found["total_results"]) == ("println", "keyword", 1)
+    hit = found["results"][0]
+    assert (hit["rank"], hit["source"], hit["collection"], hit["content"]) == (1, doc_id, "code", source.strip())
+    assert hit["metadata"] == {
+        "lines": "1-3", "tokens": ANY, "chunk_index": 0, "page": None, "content_type": "rust", "title": "",
+        "document": ANY,
+    }  # fmt: skip
+
+    stats = call_ok(SERVER, "rag_stats")
+    assert (stats["collections"], stats["documents"], stats["chunks"], stats["pending"]) == (1, 1, 1, 1)
+    assert stats["filter"] is None and stats["storage_bytes"] > 0
+    assert call_ok(SERVER, "rag_stats", {"collection": "code"})["filter"] == "code"
+
+    deleted = call_ok(SERVER, "rag_delete", {"doc_id": doc_id})
+    assert deleted == {
+        "success": True, "deleted_doc_id": doc_id, "source_uri": ingested["source_uri"], "collection": "code"
+    }  # fmt: skip
+    assert call_ok(SERVER, "rag_search", {"query": "println"})["total_results"] == 0
+
+
+def test_hybrid_search_finds_by_meaning_and_filters_by_metadata():
+    collection_create(name="notes")
+    aero = ingest("notes", AERO, metadata={"year": 2021, "topic": "aero"})["doc_id"]
+    ingest("notes", COOKING, metadata={"year": 2019, "topic": "food"})
+    assert embed_pending() == 2
+
+    semantic = call_ok(SERVER, "rag_search", {"query": "how do airplanes stay up", "mode": "semantic"})
+    assert semantic["results"][0]["source"] == aero
+    assert 0.0 < semantic["results"][0]["similarity"] <= 1.0
+    hybrid = call_ok(SERVER, "rag_search", {"query": "air flows over wings", "semantic_weight": 0.5})
+    best = hybrid["results"][0]
+    assert (best["source"], best["vector_rank"], best["keyword_rank"]) == (aero, 1, 1)
+    assert hybrid["semantic_weight"] == 0.5
+
+    recent = call_ok(SERVER, "rag_search", {"query": "dough or wings", "metadata_filter": {"year": {"$gte": 2020}}})
+    assert {hit["source"] for hit in recent["results"]} == {aero}
+    assert call_ok(SERVER, "rag_search", {"query": "wings", "metadata_filter": {"topic": "none"}})["results"] == []
+    only = call_ok(
+        SERVER, "rag_search", {"query": "dough wings", "document_ids": [aero], "content_types": ["plain_text"]}
+    )
+    assert {hit["source"] for hit in only["results"]} == {aero}
+
+
+def test_ingestion_status_waits_until_the_document_is_embedded():
+    collection_create(name="notes")
+    doc_id = ingest("notes", AERO)["doc_id"]
+    before = call_ok(SERVER, "rag_ingestion_status", {"doc_ids": [doc_id]})
+    assert before["done"] is False and before["counts"]["pending"] == 1
+    assert before["documents"][0] == {
+        "id": doc_id, "collection": "notes", "source_uri": ANY, "status": "pending", "chunk_count": 1,
+        "embedded_count": 0, "error_code": "", "error": "",
+    }  # fmt: skip
+    worker = embed_pending_soon(0.5)
+    after = call_ok(SERVER, "rag_ingestion_status", {"doc_ids": [doc_id], "wait_seconds": 60})
+    worker.join()
+    assert after["done"] is True
+    assert (after["documents"][0]["status"], after["documents"][0]["embedded_count"]) == ("ready", 1)
+    whole = call_ok(SERVER, "rag_ingestion_status", {"collection": "notes"})
+    assert (whole["done"], whole["counts"]["ready"], whole["documents"]) == (True, 1, [])
+
+
+def test_a_document_can_be_fetched_and_a_collection_deleted_with_confirmation():
+    collection_create(name="notes")
+    doc_id = ingest("notes", f"{AERO}\n\n{COOKING}", title="Two notes", metadata={"author": "Smith"})["doc_id"]
+    plain = call_ok(SERVER, "rag_get_document", {"doc_id": doc_id})
+    assert (plain["title"], plain["metadata"]["author"], plain["chunk_count"]) == ("Two notes", "Smith", 1)
+    assert plain["raw_content"] is None and plain["chunks"] is None
+    full = call_ok(SERVER, "rag_get_document", {"doc_id": doc_id, "include_content": True, "include_chunks": True})
+    assert full["raw_content"].startswith("Wings generate lift")
+    assert full["chunks"] == [{"index": 0, "content": ANY, "tokens": ANY, "lines": "1-3", "page": None}]
+
+    refused = error_of(call(SERVER, "rag_delete_collection", {"name": "notes"}))
+    assert refused["code"] == "INVALID_ARGUMENT" and "confirm: true" in refused["message"]
+    deleted = call_ok(SERVER, "rag_delete_collection", {"name": "notes", "confirm": True})
+    assert deleted == {"success": True, "name": "notes", "documents_deleted": 1, "chunks_deleted": 1}
+    assert call_ok(SERVER, "rag_list_collections")["total"] == 0
+
+
+def test_long_results_are_cut_visibly_to_the_response_budget(settings):
+    collection_create(name="long", chunk_max_tokens=200)
+    paragraphs = [
+        f"Paragraph {n} about turbulence. " + "Eddies cascade energy to smaller scales. " * 30 for n in range(6)
+    ]
+    doc_id = ingest("long", "\n\n".join(paragraphs))["doc_id"]
+    settings.MCP_MAX_RESPONSE_CHARS = 2500
+
+    found = call(SERVER, "rag_search", {"query": "turbulence eddies", "top_k": 6})
+    assert len(json.dumps(found.structured_content, ensure_ascii=False)) <= 2500
+    output = found.structured_content
+    assert output["truncated"] is True and output["total_results"] == len(output["results"]) > 1
+    cut = [hit for hit in output["results"] if hit["content_truncated"]]
+    assert cut and all(hit["content"].endswith("more characters truncated]") for hit in cut)
+
+    document = call_ok(SERVER, "rag_get_document", {"doc_id": doc_id, "include_content": True})
+    assert document["truncated"] is True and document["raw_content"].endswith("more characters truncated]")
+
+
+def test_file_uris_are_read_under_the_configured_roots_only(settings, tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# Alpha\n\nFirst file.\n")
+    (tmp_path / "docs" / "b.py").write_text("def beta():\n    return 2\n")
+    (tmp_path / "secret.txt").write_text("outside the root")
+    settings.KB_FILE_ROOTS = [str(tmp_path / "docs")]
+    collection_create(name="files")
+
+    folder = call_ok(SERVER, "rag_ingest", {"uri": f"file://{tmp_path}/docs", "collection": "files"})
+    assert (folder["success"], folder["outcome"], folder["doc_id"], folder["failed"]) == (True, "directory", None, 0)
+    assert sorted(document["content_type"] for document in folder["documents"]) == ["markdown", "python"]
+    outside = error_of(call(SERVER, "rag_ingest", {"uri": f"file://{tmp_path}/secret.txt", "collection": "files"}))
+    assert outside["code"] == "INVALID_URI"
+
+
+def test_resources_show_collections_and_documents_as_json():
+    collection_create(name="code", description="Source code files")
+    doc_id = ingest("code", "line one\nline two\n", title="Lines")["doc_id"]
+
+    async def read(client):
+        listed = await client.list_resources()
+        templates = await client.list_resource_templates()
+        contents = [
+            await client.read_resource(uri) for uri in ("rag://collections", "rag://collections/code", f"rag://documents/{doc_id}")
+        ]  # fmt: skip
+        return listed, templates, contents
+
+    listed, templates, contents = in_memory(SERVER, read)
+    assert [str(resource.uri) for resource in listed.resources] == ["rag://collections"]
+    assert sorted(t.uri_template for t in templates.resource_templates) == [
+        "rag://collections/{name}",
+        "rag://documents/{id}",
+    ]
+    everything, one, document = (json.loads(result.contents[0].text) for result in contents)
+    assert contents[0].contents[0].mime_type == "application/json"
+    assert everything == [
+        {
+            "name": "code",
+            "description": "Source code files",
+            "documents": 1,
+            "chunks": 1,
+            "created_at": ANY,
+            "uuid": ANY,
+        }
+    ]
+    assert one["settings"]["chunking"] == {"max_tokens": 512, "min_tokens": 50, "overlap_tokens": 0}
+    assert one["settings"]["search"] == {"top_k": 10, "hybrid": True, "hybrid_alpha": ANY}
+    assert one["documents"] == [{"id": doc_id, "source_uri": ANY, "content_type": "plain_text"}]
+    assert (document["id"], document["collection"], document["raw_content"]) == (doc_id, "code", "line one\nline two\n")
+    assert document["chunks"] == [
+        {"id": ANY, "index": 0, "content": "line one\nline two", "tokens": ANY, "lines": "1-2"}
+    ]
+    assert isinstance(document["created_at"], int)
+
+
+def resource_error(uri: str) -> dict[str, str]:
+    async def read(client):
+        try:
+            await client.read_resource(uri)
+        except MCPError as error:
+            return error.error
+        raise AssertionError(f"{uri} was found")
+
+    error = in_memory(SERVER, read)
+    return json.loads(error.message)["error"]
+
+
+def test_a_missing_resource_is_an_error_with_the_seeds_code():
+    assert resource_error("rag://documents/01HNOTTHERE")["code"] == "DOCUMENT_NOT_FOUND"
+    assert resource_error("rag://collections/nope") == {
+        "code": "COLLECTION_NOT_FOUND", "message": "Collection not found: nope"
+    }  # fmt: skip
+
+
+def test_it_offers_a_grounded_answer_prompt_and_a_citation_prompt():
+    async def prompts(client):
+        listed = await client.list_prompts()
+        return listed, await client.get_prompt("grounded_qa_prompt"), await client.get_prompt("citation_prompt")
+
+    listed, grounded, citation = in_memory(SERVER, prompts)
+    assert sorted(prompt.name for prompt in listed.prompts) == ["citation_prompt", "grounded_qa_prompt"]
+    assert grounded.messages[0].content.text == GROUNDED_QA
+    assert "[source_uri:lines]" in citation.messages[0].content.text
+
+
+def test_a_token_limited_to_a_collection_sees_nothing_else():
+    collection_create(name="open")
+    collection_create(name="secret")
+    ingest("open", AERO)
+    hidden = ingest("secret", COOKING)["doc_id"]
+    reader = Access(scope="read", collections=frozenset({"open"}))
+
+    listed = call_ok(SERVER, "rag_list_collections", access=reader)
+    assert [collection["name"] for collection in listed["collections"]] == ["open"]
+    assert "secret" not in tools_of(SERVER, access=reader)["rag_search"].description
+    everywhere = call_ok(SERVER, "rag_search", {"query": "dough wings", "hybrid": False}, access=reader)
+    assert {hit["collection"] for hit in everywhere["results"]} == {"open"}
+    assert error_of(call(SERVER, "rag_search", {"query": "dough", "collection": "secret"}, access=reader)) == {
+        "code": "COLLECTION_NOT_FOUND", "message": "Collection not found: secret"
+    }  # fmt: skip
+    assert error_of(call(SERVER, "rag_get_document", {"doc_id": hidden}, access=reader))["code"] == "DOCUMENT_NOT_FOUND"
+    assert error_of(call(SERVER, "rag_stats", access=reader))["code"] == "PERMISSION_DENIED"
+    assert error_of(call(SERVER, "rag_ingest", {"uri": data_uri("x"), "collection": "open"}, access=reader)) == {
+        "code": "PERMISSION_DENIED", "message": "This token's scope is 'read'; 'write' is needed"
+    }  # fmt: skip
+
+
+def _remote_embedding_collection(settings) -> None:
+    settings.OLLAMA_HOST = f"http://127.0.0.1:{free_port()}"
+    settings.EMBEDDING_TIMEOUT_SECONDS = 2
+    collection_create(name="remote", embedding_provider="ollama", embedding_model="nomic-embed-text")
+    ingest("remote", AERO)
+
+
+ERRORS = {
+    "DOCUMENT_NOT_FOUND": lambda settings: call(SERVER, "rag_delete", {"doc_id": "01HNOTHERE"}),
+    "COLLECTION_NOT_FOUND": lambda settings: call(SERVER, "rag_list_documents", {"collection": "nope"}),
+    "COLLECTION_EXISTS": lambda settings: [call(SERVER, "rag_create_collection", {"name": "twice"}) for _ in "12"][-1],
+    "INVALID_ARGUMENT": lambda settings: call(SERVER, "rag_search", {"query": "x", "top_k": 101}),
+    "INVALID_URI": lambda settings: call(SERVER, "rag_ingest", {"uri": "ftp://example.com/a", "collection": "c"}),
+    "LOAD_FAILED": lambda settings: call(SERVER, "rag_ingest", {"uri": "data:,", "collection": "c"}),
+    "TEXT_TOO_LONG": lambda settings: (
+        setattr(settings, "KB_MAX_CHUNK_TOKENS", 16),
+        call(SERVER, "rag_ingest", {"uri": data_uri("word " * 200), "collection": "c"}),
+    )[-1],
+    # Postgres refuses a NUL character in JSON: a real database error, reported without its trace.
+    "DATABASE_ERROR": lambda settings: call(
+        SERVER, "rag_ingest", {"uri": data_uri("text"), "collection": "c", "metadata": {"note": "a\u0000b"}}
+    ),
+    "EMBEDDING_ERROR": lambda settings: (
+        _remote_embedding_collection(settings),
+        call(SERVER, "rag_search", {"query": "lift", "collection": "remote", "mode": "semantic"}),
+    )[-1],
+    "UNAUTHORIZED": lambda settings: call(SERVER, "rag_list_collections", access=None),
+    "PERMISSION_DENIED": lambda settings: call(SERVER, "rag_create_collection", {"name": "x"}, access=Access("write", frozenset({"c"}))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("code", sorted(ERRORS))
+def test_every_error_reaches_the_client_as_the_seeds_error_body(code, settings):
+    collection_create(name="c")
+    result = ERRORS[code](settings)
+    error = error_of(result)
+    assert error["code"] == code, error
+    assert error["message"] and "Traceback" not in error["message"]
+    assert result.structured_content == {"error": error}
