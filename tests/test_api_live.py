@@ -7,7 +7,6 @@ import sys
 import httpx
 import pytest
 import schemathesis
-from django.conf import settings
 from hypothesis import HealthCheck, Phase, given, strategies
 from hypothesis import settings as hypothesis_settings
 from schemathesis.checks import not_a_server_error
@@ -22,9 +21,7 @@ from kb.services.documents import document_create_from_text
 from tests.conftest import ChildProcess, child_env, free_port, wait_for
 from tests.support.documents import MARKDOWN
 
-# available_apps makes the flush after each test TRUNCATE ... CASCADE: the BM25 tables that
-# migration 0002 adds reference kb_collection without being Django models.
-pytestmark = pytest.mark.django_db(transaction=True, available_apps=settings.INSTALLED_APPS)
+pytestmark = pytest.mark.django_db(transaction=True)
 
 EXAMPLES_PER_OPERATION = 25
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

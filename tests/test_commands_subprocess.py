@@ -5,15 +5,12 @@ import subprocess
 import sys
 
 import pytest
-from django.conf import settings
 
 from kb.models import Document, DocumentStatus
 from tests.conftest import ROOT, child_env
 from tests.support.documents import write_mixed_folder
 
-# available_apps makes the flush after each test TRUNCATE ... CASCADE: the BM25 tables that
-# migration 0002 adds reference kb_collection without being Django models.
-pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True, available_apps=settings.INSTALLED_APPS)]
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
 def manage(*args: str, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
