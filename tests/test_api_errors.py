@@ -73,3 +73,10 @@ def test_too_many_files_in_one_upload_is_400(client, settings):
     collection_create(name="docs")
     files = [SimpleUploadedFile(f"{n}.txt", b"text") for n in range(2)]
     assert error_of(client.post("/api/collections/docs/uploads", {"files": files})) == (400, "INVALID_ARGUMENT")
+
+
+def test_an_escaped_nul_in_upload_metadata_is_400(client):
+    collection_create(name="docs")
+    note = SimpleUploadedFile("note.txt", b"text")
+    response = client.post("/api/collections/docs/uploads", {"files": [note], "metadata": '{"k": "\\u0000"}'})
+    assert error_of(response) == (400, "INVALID_ARGUMENT")

@@ -60,11 +60,11 @@ def _reject_unstorable(value: Any) -> None:
 class InputSchema(Schema):
     model_config = ConfigDict(extra="forbid")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _storable(cls, values: Any) -> Any:
-        _reject_unstorable(values if isinstance(values, dict) else getattr(values, "__dict__", None))
-        return values
+    @model_validator(mode="after")
+    def _storable(self) -> "InputSchema":
+        # After parsing, so that JSON given as a string (upload metadata) is checked too.
+        _reject_unstorable(self.model_dump())
+        return self
 
 
 # --- errors -----------------------------------------------------------------------------------
