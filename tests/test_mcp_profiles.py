@@ -1,0 +1,256 @@
+"""Each seed's profile, in memory: exactly its tools, argument names, defaults, result shapes and error
+behaviour, on the same services as the canonical server."""
+
+import json
+import uuid
+from unittest.mock import ANY
+
+import pytest
+
+from kb.access import Access
+from kb.models import Collection, Document
+from kb.services.collections import collection_create
+from kb.services.documents import document_create_from_text
+from mcp_endpoint.servers import build_server
+from mcp_endpoint.servers.prompts import GROUNDED_QA
+from tests.support.http_server import serve, text
+from tests.support.mcp_client import (  # noqa: F401
+    call,
+    call_ok,
+    call_text,
+    committed_db,
+    embed_pending,
+    in_memory,
+    tool_threads,
+)
+
+pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
+
+SCIRAG = build_server("scirag", read_only=False)
+HYBRID = build_server("hybrid", read_only=False)
+SYNTHESIS = build_server("synthesis", read_only=False)
+RAGMCPSERVER = build_server("ragmcpserver", read_only=False)
+
+ENZYMES = "Enzyme activity rises with pH up to an optimum, then falls as the active site denatures."
+TEMPERATURE = "Reaction rates roughly double for every ten degrees of temperature increase."
+LEAVE = "Employees are entitled to twenty-five days of annual leave per year."
+
+
+def schemas(server) -> dict:
+    return {tool.name: tool for tool in in_memory(server, lambda client: client.list_tools()).tools}
+
+
+def paper_chunks() -> list[dict]:
+    metadata = {"page_count": 5, "author": "Smith et al.", "title": "Enzymes and heat", "file_size": 12345}
+    return [
+        {"text": ENZYMES, "source_filename": "paper.pdf", "chunk_index": 0, "metadata": metadata},
+        {"text": TEMPERATURE, "source_filename": "paper.pdf", "chunk_index": 1, "metadata": metadata},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("profile", "writing", "reading"),
+    [
+        ("scirag", ["store_document_chunks"], ["list_collections", "retrieve_document_chunks"]),
+        ("hybrid", [], ["search_documents"]),
+        ("synthesis", ["create_collection", "delete_collection", "delete_document", "fetch_and_add_document_from_url"],
+         ["list_collections", "list_documents", "search_rag"]),
+        ("ragmcpserver", ["Inject"], ["Query"]),
+    ],
+)  # fmt: skip
+def test_each_profile_offers_exactly_its_seeds_tools_and_hides_writers_when_read_only(profile, writing, reading):
+    assert sorted(schemas(build_server(profile, read_only=False))) == sorted(writing + reading)
+    assert sorted(schemas(build_server(profile, read_only=True))) == sorted(reading)
+
+
+def test_scirag_keeps_its_argument_names_and_defaults():
+    tools = schemas(SCIRAG)
+    retrieve = tools["retrieve_document_chunks"].input_schema
+    assert retrieve["required"] == ["query"]
+    assert (retrieve["properties"]["top_k"]["default"], retrieve["properties"]["collection"]["default"]) == (5, None)
+    store = tools["store_document_chunks"].input_schema
+    assert store["required"] == ["chunks"]
+    assert store["properties"]["collection"]["default"] == "DocumentChunks"
+    assert tools["list_collections"].input_schema["properties"] == {}
+
+
+def test_scirag_stores_chunks_and_retrieves_them_with_similarity_scores():
+    stored = call_ok(SCIRAG, "store_document_chunks", {"chunks": paper_chunks(), "collection": "research-papers"})
+    assert stored == {
+        "success": True, "chunks_stored": 2, "collection": "research-papers", "message": "Successfully stored 2 chunks"
+    }  # fmt: skip
+    default = call_ok(SCIRAG, "store_document_chunks", {"chunks": paper_chunks()[:1]})
+    assert default["collection"] == "DocumentChunks"
+    assert call_ok(SCIRAG, "list_collections") == ["DocumentChunks", "research-papers"]
+    document = Document.objects.get(collection__name="research-papers")
+    assert (document.source_uri, document.chunk_count, document.title) == ("paper.pdf", 2, "Enzymes and heat")
+    embed_pending()
+
+    query = {"query": "How does enzyme activity change with pH?", "top_k": 5, "collection": "research-papers"}
+    chunks = call_ok(SCIRAG, "retrieve_document_chunks", query)
+    assert [chunk["chunk_index"] for chunk in chunks] == [0, 1]
+    best = chunks[0]
+    assert best == {"text": ENZYMES, "source_filename": "paper.pdf", "chunk_index": 0, "score": ANY, "metadata": ANY}
+    assert 0.0 <= chunks[1]["score"] < best["score"] <= 1.0
+    assert best["metadata"] | {} == best["metadata"] | {
+        "file_size": 12345, "page_count": 5, "creation_date": None, "modification_date": None,
+        "ingestion_date": ANY, "title": "Enzymes and heat", "author": "Smith et al.",
+    }  # fmt: skip
+    everywhere = call_ok(SCIRAG, "retrieve_document_chunks", {"query": "enzyme pH"})
+    assert len(everywhere) == 3  # both collections, top_k 5
+
+
+def test_scirag_store_reports_validation_errors_without_raising():
+    chunks = [*paper_chunks(), {"source_filename": "paper.pdf", "chunk_index": 2}]
+    chunks.insert(0, paper_chunks()[0] | {"chunk_index": 7})
+    result = call_ok(SCIRAG, "store_document_chunks", {"chunks": chunks, "collection": "research-papers"})
+    assert result == {
+        "success": False,
+        "chunks_stored": 0,
+        "collection": "research-papers",
+        "message": "Validation error: Chunk 3 missing required field 'text'",
+    }
+    bad_index = [paper_chunks()[0] | {"chunk_index": "one"}]
+    assert call_ok(SCIRAG, "store_document_chunks", {"chunks": bad_index})["message"] == (
+        "Validation error: Chunk 0: 'chunk_index' must be an integer"
+    )
+    bad_name = call_ok(SCIRAG, "store_document_chunks", {"chunks": paper_chunks(), "collection": "no spaces"})
+    assert bad_name["success"] is False and bad_name["message"].startswith("Validation error: Invalid collection name")
+    assert not Document.objects.exists()
+
+
+def test_scirag_retrieve_raises_and_list_collections_gives_an_empty_list_on_error():
+    missing = call(SCIRAG, "retrieve_document_chunks", {"query": "x", "collection": "nope"})
+    assert missing.is_error
+    assert missing.content[0].text == "Error executing tool retrieve_document_chunks: Collection not found: nope"
+    collection_create(name="exists")
+    assert call_ok(SCIRAG, "list_collections", access=None) == []  # a request without credentials
+
+
+def test_the_hybrid_profile_fuses_ranks_at_semantic_weight_0_7():
+    collection = collection_create(name="policies")
+    for name, body in (
+        ("1 - Remote Working.txt", "Employees may work remotely up to 3 days per week."),
+        ("2 - Annual Leave.txt", LEAVE),
+        ("3 - Expenses.txt", "Expenses are reimbursed monthly."),
+    ):
+        document_create_from_text(collection=collection, source_uri=f"file:///policies/{name}", text=body)  # fmt: skip
+    embed_pending()
+    tool = schemas(HYBRID)["search_documents"].input_schema
+    assert (tool["required"], tool["properties"]["top_k"]["default"]) == (["query"], 3)
+
+    hits = call_ok(HYBRID, "search_documents", {"query": "annual leave days per year"})
+    assert len(hits) == 3
+    best = hits[0]
+    assert best == {"file_name": "2 - Annual Leave.txt", "content": LEAVE, "rrf_score": ANY, "vector_rank": 1,
+                    "text_rank": 1}  # fmt: skip
+    for hit in hits:  # weighted RRF: 2w/(60 + vector rank) + 2(1 - w)/(60 + text rank), w = 0.7
+        expected = sum(
+            2 * weight / (60 + rank) for weight, rank in ((0.7, hit["vector_rank"]), (0.3, hit["text_rank"])) if rank
+        )
+        assert hit["rrf_score"] == pytest.approx(expected, rel=1e-4)
+    assert len(call_ok(HYBRID, "search_documents", {"query": "work", "top_k": 1})) == 1
+
+
+def test_the_hybrid_profile_offers_the_grounded_qa_prompt():
+    async def prompt(client):
+        return await client.list_prompts(), await client.get_prompt("grounded_qa_prompt")
+
+    listed, grounded = in_memory(HYBRID, prompt)
+    assert [p.name for p in listed.prompts] == ["grounded_qa_prompt"]
+    assert grounded.messages[0].content.text == GROUNDED_QA
+    failed = call(HYBRID, "search_documents", {"query": "   "})
+    assert failed.is_error and failed.content[0].text.endswith("The query is empty")
+
+
+def test_synthesis_manages_collections_by_uuid_and_searches_with_min_similarity():
+    created = json.loads(call_text(SYNTHESIS, "create_collection", {"name": "handbook", "description": "HR"}))
+    collection_id = created["collection"]["id"]
+    assert created["collection"] == {"id": collection_id, "name": "handbook", "description": "HR",
+                                     "document_count": 0, "created_at": ANY}  # fmt: skip
+    assert str(Collection.objects.get(name="handbook").uuid) == collection_id
+    listed = json.loads(call_text(SYNTHESIS, "list_collections"))
+    assert [c["id"] for c in listed["collections"]] == [collection_id]
+
+    document_create_from_text(collection=Collection.objects.get(uuid=collection_id), source_uri="hr.txt", text=LEAVE)
+    document_create_from_text(
+        collection=Collection.objects.get(uuid=collection_id), source_uri="tax.txt", text="Quarterly VAT returns."
+    )
+    embed_pending()
+    documents = json.loads(call_text(SYNTHESIS, "list_documents", {"collection_id": collection_id}))["documents"]
+    assert sorted(d["source_url"] for d in documents) == ["hr.txt", "tax.txt"]
+
+    found = json.loads(call_text(SYNTHESIS, "search_rag", {"collectionId": collection_id, "query": "annual leave"}))
+    assert [r["source_url"] for r in found["results"]] == ["hr.txt"]  # min_similarity 0.5 by default
+    assert found["results"][0]["similarity"] >= 0.5
+    assert found["results"][0]["citation"] == {"title": "hr.txt", "url": "hr.txt", "lines": "1-1"}
+    everything = {"collectionId": collection_id, "query": "annual leave", "min_similarity": 0.0, "top_k": 50}
+    assert len(json.loads(call_text(SYNTHESIS, "search_rag", everything))["results"]) == 2
+
+    for arguments in ({"collectionId": "handbook", "query": "x"}, {"collectionId": collection_id, "query": ""},
+                      {"collectionId": collection_id, "query": "x", "top_k": 51},
+                      {"collectionId": collection_id, "query": "x", "min_similarity": 1.5},
+                      {"collectionId": str(uuid.uuid4()), "query": "x"}):  # fmt: skip
+        assert call(SYNTHESIS, "search_rag", arguments).is_error, arguments
+
+
+def test_synthesis_deletes_only_with_confirm_true():
+    collection = collection_create(name="handbook")
+    doc_id = document_create_from_text(collection=collection, source_uri="hr.txt", text=LEAVE).document.pk
+    refused = call(SYNTHESIS, "delete_document", {"doc_id": doc_id, "confirm": False})
+    assert refused.is_error and "confirm: true" in refused.content[0].text
+    assert call(SYNTHESIS, "delete_document", {"doc_id": doc_id}).is_error  # confirm is required
+    deleted = json.loads(call_text(SYNTHESIS, "delete_document", {"doc_id": doc_id, "confirm": True}))
+    assert deleted == {"success": True, "deleted": {"id": doc_id, "title": ""}}
+
+    collection_id = str(collection.uuid)
+    assert call(SYNTHESIS, "delete_collection", {"collection_id": collection_id, "confirm": False}).is_error
+    assert Collection.objects.filter(name="handbook").exists()
+    gone = json.loads(call_text(SYNTHESIS, "delete_collection", {"collection_id": collection_id, "confirm": True}))
+    assert gone == {"success": True, "deleted": {"id": collection_id, "name": "handbook", "documents": 0}}
+
+
+def test_synthesis_fetches_a_document_from_a_url(settings):
+    settings.KB_FETCH_ALLOWED_PRIVATE_HOSTS = ["127.0.0.1"]
+    collection_id = str(collection_create(name="web").uuid)
+    with serve(
+        {"/policy.html": text("<html><title>Leave</title><body><p>" + LEAVE + "</p></body></html>", "text/html")}
+    ) as base:
+        added = json.loads(call_text(SYNTHESIS, "fetch_and_add_document_from_url",
+                                     {"url": f"{base}/policy.html", "collection_id": collection_id}))  # fmt: skip
+    assert added["outcome"] == "created"
+    assert added["document"] | {} == added["document"] | {"title": "Leave", "content_type": "html", "status": "pending"}
+    not_http = call(
+        SYNTHESIS, "fetch_and_add_document_from_url", {"url": "file:///etc/passwd", "collection_id": collection_id}
+    )
+    assert not_http.is_error and "Not an http(s) URL" in not_http.content[0].text
+
+
+def test_ragmcpserver_injects_text_and_answers_queries_with_the_top_five():
+    first = call_text(RAGMCPSERVER, "Inject", {"text": LEAVE, "metadata": '{"source": "handbook.md"}'})
+    assert first.startswith("Injected document ") and first.endswith("(1 chunks, created).")
+    assert call_text(RAGMCPSERVER, "Inject", {"text": LEAVE}).endswith("(1 chunks, unchanged).")
+    for n in range(6):
+        call_text(
+            RAGMCPSERVER, "Inject", {"text": f"Note {n}: the cafeteria opens at {n + 7} o'clock.", "metadata": {"n": n}}
+        )
+    document = Document.objects.get(source_uri__startswith="inject://", raw_content=LEAVE)
+    assert (document.collection.name, document.metadata["source"]) == ("RagMcpServer", "handbook.md")
+    embed_pending()
+
+    answer = call_text(RAGMCPSERVER, "Query", {"query": "How many days of annual leave do I get?"})
+    passages = answer.split("\n\n---\n\n")
+    assert len(passages) == 5
+    assert passages[0].startswith("[1] inject://") and passages[0].endswith(LEAVE)
+    assert call(RAGMCPSERVER, "Inject", {"text": "  "}).is_error
+
+
+def test_profiles_apply_the_callers_access():
+    collection_create(name="open")
+    hidden = collection_create(name="secret")
+    reader = Access(scope="read", collections=frozenset({"open"}))
+    assert call_ok(SCIRAG, "list_collections", access=reader) == ["open"]
+    assert call(SYNTHESIS, "list_documents", {"collection_id": str(hidden.uuid)}, access=reader).is_error
+    assert call(RAGMCPSERVER, "Inject", {"text": "hello"}, access=reader).is_error
+    stored = call_ok(SCIRAG, "store_document_chunks", {"chunks": paper_chunks()}, access=reader)
+    assert stored["success"] is False and "'write' is needed" in stored["message"]
