@@ -24,4 +24,4 @@ class Command(KBCommand):
             return
         rows = [(key.replace("_", " "), value) for key, value in stats.model_dump().items() if key != "filter"]
         self.stdout.write(f"Collection {collection}" if collection else "All collections")
-        self.write_table(("", ""), rows)
+        self.write_table(("", "COUNT"), rows)
