@@ -78,6 +78,16 @@ def test_on_the_loopback_default_no_token_is_needed(client, settings):
     assert post(client, "/api/collections", {"name": "docs"}).status_code == 201
 
 
+def test_a_request_from_another_machine_needs_a_token_even_on_the_default(client, settings):
+    # As when uvicorn listens on 0.0.0.0 without KB_HOST saying so.
+    settings.KB_REQUIRE_AUTH = False
+    assert error_of(client.get("/api/collections", REMOTE_ADDR="192.0.2.10")) == (401, "UNAUTHORIZED")
+    raw = token("read")
+    response = client.get("/api/collections", REMOTE_ADDR="192.0.2.10", headers=headers_for(raw))
+    assert response.status_code == 200
+    assert client.get("/api/collections", REMOTE_ADDR="::1").status_code == 200
+
+
 @pytest.mark.parametrize(
     "header",
     ["Bearer kb_0000_nonsense", "Token abc", "Bearer ", "Basic dXNlcjpwYXNz"],

@@ -4,6 +4,7 @@ On the embedded loopback default a request without a token has full access; with
 KB_REQUIRE_AUTH (or when listening beyond loopback) every request needs a token.
 """
 
+import ipaddress
 from typing import Any
 
 from django.http import HttpRequest
@@ -18,10 +19,22 @@ from kb.selectors import document_get
 class BearerToken(HttpBearer):
     def __call__(self, request: HttpRequest) -> Access:
         # Unlike HttpBearer, no header is not a failure by itself: kb.access decides.
-        return access_from_authorization(request.headers.get("Authorization"))
+        header = request.headers.get("Authorization")
+        if not header and not _from_loopback(request):
+            # A request from another machine means the server listens beyond loopback, even if
+            # KB_HOST was not told so (e.g. uvicorn started by hand on 0.0.0.0): a token is required.
+            raise KBError(ErrorCode.UNAUTHORIZED, "An API token is required: send 'Authorization: Bearer <token>'")
+        return access_from_authorization(header)
 
     def authenticate(self, request: HttpRequest, token: str) -> Any:
         return access_from_authorization(f"Bearer {token}")
+
+
+def _from_loopback(request: HttpRequest) -> bool:
+    try:
+        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
+    except ValueError:
+        return False
 
 
 def access_of(request: HttpRequest) -> Access:
