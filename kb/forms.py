@@ -119,6 +119,8 @@ def _collection_field() -> forms.ModelChoiceField:
 
 
 class DocumentUploadForm(forms.Form):
+    required_css_class = "required"
+
     collection = _collection_field()
     files = MultipleFileField(label="Files", help_text="Select one file or several at once.")
     content_type = forms.ChoiceField(choices=CONTENT_TYPE_CHOICES, required=False, label="Content type")
@@ -126,6 +128,8 @@ class DocumentUploadForm(forms.Form):
 
 
 class DocumentSourceForm(forms.Form):
+    required_css_class = "required"
+
     collection = _collection_field()
     uri = forms.CharField(
         label="URL or data: URI",
@@ -142,6 +146,8 @@ class DocumentSourceForm(forms.Form):
 
 
 class PlaygroundForm(forms.Form):
+    required_css_class = "required"
+
     q = forms.CharField(label="Query", max_length=2000, widget=forms.TextInput(attrs={"size": 60}))
     collections = forms.ModelMultipleChoiceField(
         queryset=Collection.objects.only("id", "name").order_by("name"),

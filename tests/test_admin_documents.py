@@ -2,6 +2,7 @@
 
 import base64
 import json
+import re
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -115,7 +116,7 @@ def test_it_uploads_several_files_at_once_into_a_collection(admin_client):
     assert {doc.source_uri for doc in documents} == {"upload://wings.md", "upload://retry.py", "upload://notes.txt"}
     assert {doc.content_type for doc in documents} == {"markdown", "python", "plain_text"}
     assert all(doc.status == DocumentStatus.PENDING and doc.metadata["team"] == "a" for doc in documents)
-    assert sorted(messages_of(response)) == ["notes.txt: created.", "retry.py: created.", "wings.md: created."]
+    assert sorted(messages_of(response)) == ["Created: notes.txt", "Created: retry.py", "Created: wings.md"]
 
 
 def test_a_bad_file_is_reported_by_name_and_does_not_stop_the_others(admin_client):
@@ -125,8 +126,8 @@ def test_a_bad_file_is_reported_by_name_and_does_not_stop_the_others(admin_clien
         ADD, {"form": "upload", "upload-collection": collection.pk, "upload-files": files}, follow=True
     )
     notes = messages_of(response)
-    assert "good.txt: created." in notes
-    assert any(note.startswith("empty.txt: No text to index") and "LOAD_FAILED" in note for note in notes)
+    assert "Created: good.txt" in notes
+    assert any(note.startswith("Not ingested: empty.txt: No text to index") and "LOAD_FAILED" in note for note in notes)
     assert list(Document.objects.values_list("source_uri", flat=True)) == ["upload://good.txt"]
 
 
@@ -248,7 +249,7 @@ def test_re_ingest_reports_a_source_that_cannot_be_read_again(admin_client, sett
     document = Document.objects.get()
     (tmp_path / "gone.md").unlink()
     response = act(admin_client, "reingest", document)
-    assert any(note.startswith("Wings: No such file") for note in messages_of(response))
+    assert any(note.startswith("Failed for “Wings”: No such file") for note in messages_of(response))
 
 
 def test_deleting_documents_removes_their_chunks_after_a_confirmation_with_counts(admin_client):
@@ -306,7 +307,9 @@ def test_the_detail_page_shows_metadata_a_truncated_preview_and_the_chunks_but_n
     Document.objects.filter(pk=document.pk).update(metadata={**document.metadata, "author": "Smith"})
     response = admin_client.get(change_url(document))
     page = response.content.decode()
-    assert "&quot;author&quot;: &quot;Smith&quot;" in page
+    assert '<th scope="row">author</th><td>Smith</td>' in page
+    ingested = document.metadata["ingestion_date"]
+    assert re.search(rf'<th scope="row">ingestion_date</th><td>\w+\.? \d+, 20\d\d, [^<]+ \({ingested}\)</td>', page)
     assert "Paragraph 0: the lift" in page and "Paragraph 119" not in page.split("kb-preview")[1].split("</pre>")[0]
     assert f"The first 3,000 of {len(text_):,} characters." in page
     assert page.count('<span class="kb-yes">yes</span>') == document.chunk_count

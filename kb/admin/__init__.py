@@ -12,5 +12,7 @@ from kb.admin import chunks, collections, documents, tokens
 admin.site.site_header = "Knowledge base"
 admin.site.site_title = "Knowledge base admin"
 admin.site.index_title = "Dashboard"
+# The breadcrumbs and the dashboard lead everywhere; the document list needs the width more.
+admin.site.enable_nav_sidebar = False
 
 __all__ = ["chunks", "collections", "documents", "tokens"]

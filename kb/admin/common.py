@@ -71,7 +71,7 @@ def run_each(
         try:
             call(item)
         except KBError as error:
-            messages.error(request, f"{name(item)}: {error.message}")
+            messages.error(request, f"Failed for “{name(item)}”: {error.message}")
         else:
             succeeded += 1
     if succeeded:

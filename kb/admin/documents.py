@@ -2,6 +2,7 @@
 things (re-ingest, re-embed, retry, delete), and a read-only detail page."""
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -15,6 +16,8 @@ from django.template.defaultfilters import filesizeformat
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
@@ -29,8 +32,8 @@ from kb.services.ingest import document_reingest, network_file_roots
 
 PREVIEW_CHARS = 3000
 CHUNK_ROWS = 200
-# The actions a detail page offers as buttons, by the name of the ModelAdmin method.
-DETAIL_ACTIONS = ("retry_failed", "reingest", "reembed")
+# The actions a detail page offers as buttons: ModelAdmin method name -> button label.
+DETAIL_ACTIONS = {"retry_failed": "Retry", "reingest": "Re-ingest", "reembed": "Re-embed"}
 
 
 class ContentTypeFilter(admin.SimpleListFilter):
@@ -54,9 +57,9 @@ class DocumentAdmin(admin.ModelAdmin):
         "progress_column",
         "collection",
         "content_type",
-        "chunk_count",
+        "chunks_column",
         "size_column",
-        "updated_at",
+        "updated_column",
     ]
     list_display_links = ["title_column"]
     list_filter = ["collection", "status", ContentTypeFilter]
@@ -143,6 +146,14 @@ class DocumentAdmin(admin.ModelAdmin):
     def progress_column(self, obj: Document) -> str:
         return progress_bar(doc_id=obj.pk, embedded=obj.embedded_count, total=obj.chunk_count)
 
+    @admin.display(description="Chunks", ordering="chunk_count")
+    def chunks_column(self, obj: Document) -> int:
+        return obj.chunk_count
+
+    @admin.display(description="Updated", ordering="updated_at")
+    def updated_column(self, obj: Document) -> str:
+        return date_format(timezone.localtime(obj.updated_at), "Y-m-d H:i")
+
     @admin.display(description="Size", ordering="size_bytes")
     def size_column(self, obj: Document) -> str:
         return filesizeformat(obj.size_bytes)
@@ -167,8 +178,10 @@ class DocumentAdmin(admin.ModelAdmin):
 
     @admin.display(description="Metadata")
     def metadata_pretty(self, obj: Document) -> str:
-        text = json.dumps(obj.metadata, indent=2, sort_keys=True, ensure_ascii=False, default=str)
-        return format_html('<pre class="kb-pre">{}</pre>', text)
+        return render_to_string(
+            "admin/kb/document/metadata.html",
+            {"items": [(key, _readable(key, value)) for key, value in sorted(obj.metadata.items())]},
+        )
 
     @admin.display(description="Content preview")
     def content_preview(self, obj: Document) -> str:
@@ -203,6 +216,7 @@ class DocumentAdmin(admin.ModelAdmin):
         # Nothing on this page is edited by hand: documents change through ingestion.
         context = {
             **(extra_context or {}),
+            "title": "Document",
             "show_save": False,
             "show_save_and_continue": False,
             "show_save_and_add_another": False,
@@ -212,7 +226,7 @@ class DocumentAdmin(admin.ModelAdmin):
 
     def _detail_actions(self, request: HttpRequest) -> list[tuple[str, str]]:
         actions = self.get_actions(request)
-        return [(name, actions[name][2]) for name in DETAIL_ACTIONS if name in actions]
+        return [(name, label) for name, label in DETAIL_ACTIONS.items() if name in actions]
 
     def save_model(self, request: HttpRequest, obj: Document, form: Any, change: bool) -> None:
         """Documents are written by the ingestion services only."""
@@ -286,6 +300,16 @@ class DocumentAdmin(admin.ModelAdmin):
     def render_delete_form(self, request: HttpRequest, context: dict[str, Any]) -> HttpResponse:
         context["kb_removal"] = documents_removal(document_ids=[context["object"].pk])
         return super().render_delete_form(request, context)
+
+
+def _readable(key: str, value: Any) -> str:
+    """Metadata values as a curator reads them: dates (stored as epoch seconds) as dates."""
+    if key.endswith("_date") and isinstance(value, int | float) and not isinstance(value, bool):
+        moment = datetime.fromtimestamp(value, tz=UTC)
+        return f"{date_format(timezone.localtime(moment), 'DATETIME_FORMAT')} ({value})"
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return str(value)
 
 
 def _labels(queryset: QuerySet[Document]) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ from django.urls import reverse
 from kb.admin_selectors import chunk_highlights, document_statuses, ingestion_queue
 from kb.errors import KBError
 from kb.forms import DocumentSourceForm, DocumentUploadForm, PlaygroundForm
-from kb.models import Chunk, Document
+from kb.models import Chunk, Collection, Document
 from kb.search import SearchResponse, search
 from kb.services.ingest import IngestReport, document_ingest, document_ingest_upload, network_file_roots
 
@@ -23,9 +23,9 @@ def document_add(request: HttpRequest, model_admin: admin.ModelAdmin) -> HttpRes
     """Two ways in on one page: upload files, or name a source (URL, data: URI, file path)."""
     if not model_admin.has_add_permission(request):
         raise PermissionDenied
-    upload_form, source_form = DocumentUploadForm(prefix="upload"), DocumentSourceForm(prefix="source")
-    initial = {"collection": request.GET.get("collection")}
-    upload_form.initial, source_form.initial = dict(initial), dict(initial)
+    initial = {"collection": request.GET.get("collection") or _only_collection()}
+    upload_form = DocumentUploadForm(prefix="upload", initial=initial)
+    source_form = DocumentSourceForm(prefix="source", initial=initial)
     if request.method == "POST" and request.POST.get("form") == "upload":
         upload_form = DocumentUploadForm(request.POST, request.FILES, prefix="upload")
         if upload_form.is_valid() and _ingest_uploads(request, upload_form):
@@ -45,6 +45,12 @@ def document_add(request: HttpRequest, model_admin: admin.ModelAdmin) -> HttpRes
     return TemplateResponse(request, "admin/kb/document/add.html", context)
 
 
+def _only_collection() -> int | None:
+    """The collection to preselect when there is just one (the first steps of a new install)."""
+    first_two = list(Collection.objects.values_list("pk", flat=True)[:2])
+    return first_two[0] if len(first_two) == 1 else None
+
+
 def _ingest_uploads(request: HttpRequest, form: DocumentUploadForm) -> bool:
     """Each file on its own: one bad file does not stop the others. True if any got in."""
     data, stored = form.cleaned_data, 0
@@ -58,10 +64,11 @@ def _ingest_uploads(request: HttpRequest, form: DocumentUploadForm) -> bool:
                 metadata=data["metadata"],
             )
         except KBError as error:
-            messages.error(request, f"{upload.name}: {error.message} ({error.code})")
+            # Messages start with a word: the admin capitalises their first letter (file names too).
+            messages.error(request, f"Not ingested: {upload.name}: {error.message} ({error.code})")
             continue
         stored += 1
-        messages.success(request, f"{upload.name}: {result.outcome}.")
+        messages.success(request, f"{result.outcome.capitalize()}: {upload.name}")
     return stored > 0
 
 
@@ -89,7 +96,7 @@ def _report(request: HttpRequest, report: IngestReport) -> None:
     messages.info(request, f"Ingested {len(report.items)} source(s): {summary or 'nothing found'}.")
     for item in report.failed[:20]:
         error = item.error.message if item.error else "failed"
-        messages.error(request, f"{item.source_uri}: {error}")
+        messages.error(request, f"Not ingested: {item.source_uri}: {error}")
 
 
 def _to_collection_documents(collection_id: int) -> HttpResponse:
