@@ -107,6 +107,16 @@ def test_every_profile_answers_on_both_transports_at_its_address(server_url):
     anyio.run(run)
 
 
+def test_streamable_http_sessions_are_stateful_by_default(server_url):
+    initialize = {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }  # fmt: skip
+    with httpx.Client(base_url=server_url, timeout=10) as client:
+        initialized = client.post("/mcp", json=initialize, headers={"Accept": "application/json, text/event-stream"})
+    assert initialized.status_code == 200 and initialized.headers["mcp-session-id"]
+
+
 def run_example(code: str, sse_url: str) -> subprocess.CompletedProcess:
     script = code.replace(SEED_ADDRESS, sse_url)
     assert script != code
