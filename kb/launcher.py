@@ -85,8 +85,12 @@ class Launcher:
             python, "-m", "uvicorn", "config.asgi:application", "--host", self.host, "--port", str(self.port),
             "--lifespan", "on", "--no-access-log",
         ]  # fmt: skip
+        # The children read the address too: listening beyond loopback makes API tokens required.
+        env = {**os.environ, "KB_HOST": self.host, "KB_PORT": str(self.port)}
         for name, command in (("worker", worker), ("web", web)):
-            self.children.append((name, subprocess.Popen(command, cwd=settings.BASE_DIR, start_new_session=True)))
+            self.children.append(
+                (name, subprocess.Popen(command, cwd=settings.BASE_DIR, env=env, start_new_session=True))
+            )
 
     def _announce(self) -> None:
         base = f"http://{self.host}:{self.port}"
