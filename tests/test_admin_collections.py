@@ -183,3 +183,22 @@ def test_a_user_who_may_only_view_cannot_change(db):
     collection.refresh_from_db()
     assert collection.description == ""
     assert client.get(ADD).status_code == 403
+
+
+def test_embedding_models_are_listed_read_only(admin_client):
+    collection = make_collection("handbook")
+    page = admin_client.get(reverse("admin:kb_embeddingmodel_changelist")).content.decode()
+    assert "all-MiniLM-L6-v2" in page and "384" in page
+    assert admin_client.get(reverse("admin:kb_embeddingmodel_add")).status_code == 403
+    model_url = reverse("admin:kb_embeddingmodel_delete", args=[collection.embedding_model_id])
+    assert admin_client.get(model_url).status_code == 403
+
+
+def test_the_list_searches_names_and_links_each_collection_to_its_documents_and_playground(admin_client):
+    collection = make_collection("handbook")
+    make_collection("other")
+    response = admin_client.get(LIST, {"q": "hand"})
+    assert [c.name for c in response.context["cl"].result_list] == ["handbook"]
+    page = admin_client.get(change_url(collection)).content.decode()
+    assert f"?collection__id__exact={collection.pk}" in page
+    assert reverse("admin:kb_playground") + "?collections=handbook" in page

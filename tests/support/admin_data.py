@@ -4,7 +4,7 @@ from collections.abc import Iterable
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 from django.test import Client
 
 from kb.errors import ErrorCode, KBError
@@ -86,6 +86,33 @@ def many_documents(collection: Collection, count: int, *, chunks_each: int = 0) 
             ],
             batch_size=2000,
         )
+
+
+def many_chunks(collection: Collection, *, documents: int, per_document: int) -> None:
+    """Documents with chunks inserted in one statement, for the scale tests. The BM25 posting
+    triggers are skipped when the database role may (they would take most of the time, and list
+    pages do not read postings); the generated full-text column and every index are maintained."""
+    many_documents(collection, documents)
+    with connection.cursor() as cursor:
+        try:
+            with transaction.atomic():
+                cursor.execute("SET LOCAL session_replication_role = replica")
+        except DatabaseError:
+            pass  # not a superuser: insert with the triggers, only slower
+        cursor.execute(
+            "INSERT INTO kb_chunk (document_id, collection_id, index, content, token_count, line_start, line_end, "
+            "content_hash, metadata) "
+            "SELECT d.id, d.collection_id, g, 'Chunk ' || g || ' on turbulence, lift and drag, part ' || (g %% 97), "
+            "12, g + 1, g + 1, md5(d.id || g), '{}' "
+            "FROM kb_document d CROSS JOIN generate_series(0, %s - 1) AS g WHERE d.collection_id = %s",
+            [per_document, collection.pk],
+        )
+        cursor.execute("SET LOCAL session_replication_role = origin")
+        cursor.execute(
+            "UPDATE kb_document SET chunk_count = %s WHERE collection_id = %s", [per_document, collection.pk]
+        )
+        cursor.execute("ANALYZE kb_chunk")
+        cursor.execute("ANALYZE kb_document")
 
 
 def staff_client(username: str, permissions: Iterable[str]) -> Client:
