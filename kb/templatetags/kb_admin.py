@@ -23,6 +23,10 @@ class Bar:
     label_x: float
     show_label: bool
 
+    @property
+    def empty(self) -> bool:
+        return self.day.documents == 0
+
 
 @register.simple_tag
 def kb_dashboard() -> Dashboard:
@@ -39,7 +43,8 @@ def kb_chart_bars(per_day: list[DayCount]) -> list[Bar]:
     plot_height = CHART_HEIGHT - CHART_LABEL_SPACE
     bars = []
     for position, day in enumerate(per_day):
-        height = plot_height * day.documents / peak
+        # An empty day still gets a sliver, so that every day of the range is visible.
+        height = max(plot_height * day.documents / peak, 1.5)
         bars.append(
             Bar(
                 day=day,
