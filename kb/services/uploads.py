@@ -6,7 +6,7 @@ from typing import Any
 
 from kb.errors import ErrorCode, KBError
 from kb.models import Collection
-from kb.services.ingest import IngestItem, IngestReport, _item, document_ingest_upload
+from kb.services.ingest import IngestItem, IngestReport, document_ingest_upload, ingest_item
 
 
 @dataclass(frozen=True)
@@ -40,5 +40,5 @@ def document_ingest_uploads(
                 raise
             report.items.append(IngestItem(source_uri=upload.filename, outcome="failed", error=error))
             continue
-        report.items.append(_item(stored))
+        report.items.append(ingest_item(stored))
     return report
