@@ -31,8 +31,13 @@ def transports(server: KBServer) -> ASGIApp:
     # The guard checks Host and Origin against ALLOWED_HOSTS; the SDK's own check knows only loopback.
     checked_by_guard = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     sse = server.sse_app(sse_path="/sse", message_path="/messages/", transport_security=checked_by_guard)
+    # Plain JSON answers to POSTs: no tool here streams progress, and an SSE stream per request
+    # costs ~3 ms a call (the standalone GET stream still carries server notifications).
     http = server.streamable_http_app(
-        streamable_http_path="/mcp", stateless_http=settings.MCP_STATELESS_HTTP, transport_security=checked_by_guard
+        streamable_http_path="/mcp",
+        json_response=True,
+        stateless_http=settings.MCP_STATELESS_HTTP,
+        transport_security=checked_by_guard,
     )
     _session_managers.append(server.session_manager)
     return MCPGuard(Starlette(routes=[*sse.routes, *http.routes]))

@@ -72,6 +72,12 @@ def test_it_offers_rag_mcps_tools_with_annotations_and_schemas():
     assert tools["rag_create_collection"].input_schema["properties"]["name"]["pattern"] == "^[a-zA-Z0-9_-]+$"
     for tool in tools.values():
         assert tool.output_schema["type"] == "object", tool.name
+        assert "$ref" not in json.dumps(tool.output_schema), tool.name  # flattened: clients validate faster
+    listed = tools["rag_list_documents"].output_schema["properties"]["documents"]["items"]
+    assert listed["properties"]["title"] == {"type": "string"} and "title" in listed["required"]
+    assert tools["rag_search"].output_schema["properties"]["results"]["items"]["properties"]["similarity"] == {
+        "type": ["number", "null"]
+    }
     assert {"query", "total_results", "results"} <= set(tools["rag_search"].output_schema["properties"])
 
 
