@@ -88,11 +88,10 @@ async def in_thread(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
 
 
 def json_error(error: KBError) -> CallToolResult:
-    """rag-mcp's error body as the tool result, flagged as an error, so the client sees the code."""
-    body = error.as_dict()
-    return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(body))], structured_content=body, is_error=True
-    )
+    """rag-mcp's error body as the text of an error result, so the client sees the code. No
+    structured content: TypeScript clients check it against the tool's output schema even when
+    the result is an error (checked with the MCP Inspector)."""
+    return CallToolResult(content=[TextContent(type="text", text=json.dumps(error.as_dict()))], is_error=True)
 
 
 def raise_tool_error(error: KBError) -> NoReturn:

@@ -10,7 +10,14 @@ from mcp.client.sse import sse_client
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from kb.services.tokens import token_create
-from tests.support.mcp_client import committed_db, http_session, sse_session, structured, tool_threads  # noqa: F401
+from tests.support.mcp_client import (  # noqa: F401
+    committed_db,
+    error_of,
+    http_session,
+    sse_session,
+    structured,
+    tool_threads,
+)
 from tests.support.mcp_server import uvicorn_server
 
 pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
@@ -53,9 +60,9 @@ def test_a_token_limited_to_a_collection_sees_nothing_else_on_either_transport(s
             hits = structured(await tool(session, "rag_search", {"query": "tunnels", "hybrid": False}))["results"]
             assert [hit["collection"] for hit in hits] == ["open"]
             hidden = await tool(session, "rag_search", {"query": "tunnels", "collection": "secret"})
-            assert hidden.is_error and hidden.structured_content["error"]["code"] == "COLLECTION_NOT_FOUND"
+            assert hidden.is_error and error_of(hidden)["code"] == "COLLECTION_NOT_FOUND"
             ingest = await tool(session, "rag_ingest", {"uri": "data:,more", "collection": "open"})
-            assert ingest.structured_content["error"]["code"] == "PERMISSION_DENIED"
+            assert error_of(ingest)["code"] == "PERMISSION_DENIED"
         async with http_session(f"{server_url}/profiles/scirag/mcp", headers=bearer(reader)) as session:
             assert structured(await tool(session, "list_collections", {})) == ["open"]
 
