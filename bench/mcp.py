@@ -56,7 +56,10 @@ def start_server() -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
+    command = [
+        sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+        "--lifespan", "on", "--no-access-log",  # as kb.launcher starts it
+    ]  # fmt: skip
     log = open(ROOT / "var" / "bench" / "uvicorn-mcp.log", "wb")  # noqa: SIM115 - lives as long as the server
     server = subprocess.Popen(command, cwd=ROOT, env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120

@@ -8,6 +8,7 @@ from mcp_endpoint.tooling import KBServer
 
 
 def _builders() -> dict[str, Callable[..., KBServer]]:
+    # Imported here: the servers import their shared parts (prompts, resources) from this package.
     from mcp_endpoint.servers import canonical, hybrid, ragmcpserver, scirag, synthesis
 
     return {

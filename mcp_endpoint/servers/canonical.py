@@ -52,7 +52,7 @@ INSTRUCTIONS = (
 POLL_SECONDS = 0.5
 COLLECTIONS_IN_DESCRIPTION = 50
 
-Collection = Annotated[str, Field(description="Collection name (letters, digits, '-' and '_'; case-sensitive)")]
+CollectionName = Annotated[str, Field(description="Collection name (letters, digits, '-' and '_'; case-sensitive)")]
 DocId = Annotated[str, Field(description="Document ID (ULID), as returned by rag_ingest or rag_search's 'source'")]
 
 
@@ -115,7 +115,7 @@ def rag_ingest(
         str,
         Field(description="URI of the document: file:// (a file or a folder), https://, or data: for raw content"),
     ],
-    collection: Collection,
+    collection: CollectionName,
     content_type: Annotated[
         str | None,
         Field(
@@ -188,7 +188,7 @@ class DocumentsOutput(TypedDict):
 
 @service_tool()
 def rag_list_documents(
-    collection: Collection,
+    collection: CollectionName,
     limit: Annotated[int, Field(ge=1, le=1000, description="Maximum documents to return")] = 100,
     offset: Annotated[int, Field(ge=0, description="Pagination offset")] = 0,
     status: Annotated[
@@ -265,7 +265,7 @@ class CollectionDeleted(TypedDict):
 
 @service_tool()
 def rag_delete_collection(
-    name: Collection,
+    name: CollectionName,
     confirm: Annotated[
         bool, Field(description="Must be true: the collection and all its documents are deleted")
     ] = False,

@@ -50,12 +50,12 @@ def require_confirmation(confirm: bool, what: str) -> None:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"Refusing to delete {what} without confirm: true")
 
 
-def collection_json(collection: Collection, documents: int | None = None) -> dict[str, Any]:
+def collection_json(collection: Collection, document_count: int) -> dict[str, Any]:
     return {
         "id": str(collection.uuid),
         "name": collection.name,
         "description": collection.description,
-        "document_count": documents if documents is not None else getattr(collection, "document_total", 0),
+        "document_count": document_count,
         "created_at": collection.created_at.isoformat(),
     }
 
@@ -107,7 +107,8 @@ def list_collections() -> str:
     """Lists all available document collections."""
     access = current_access()
     access.require("read")
-    return json_text({"collections": [collection_json(c) for c in collection_list() if access.can_see(c.name)]})
+    collections = [collection_json(c, c.document_total) for c in collection_list() if access.can_see(c.name)]
+    return json_text({"collections": collections})
 
 
 @service_tool(on_error=raise_tool_error)
