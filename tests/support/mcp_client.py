@@ -45,11 +45,7 @@ def call(server: KBServer, tool: str, arguments: dict[str, Any] | None = None, *
 
 
 def call_ok(server: KBServer, tool: str, arguments: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-    """The structured result of a call that must succeed (a list comes wrapped as {"result": [...]})."""
-    result = call(server, tool, arguments, **kwargs)
-    assert not result.is_error, result.content
-    structured = result.structured_content
-    return structured["result"] if isinstance(structured, dict) and set(structured) == {"result"} else structured
+    return structured(call(server, tool, arguments, **kwargs))
 
 
 def call_text(server: KBServer, tool: str, arguments: dict[str, Any] | None = None, **kwargs: Any) -> str:
@@ -126,6 +122,7 @@ async def http_session(url: str, headers: dict[str, str] | None = None) -> Async
 
 
 def structured(result: CallToolResult) -> Any:
+    """The structured result of a call that must succeed (a list comes wrapped as {"result": [...]})."""
     assert not result.is_error, result.content
     content = result.structured_content
     return content["result"] if isinstance(content, dict) and set(content) == {"result"} else content
