@@ -277,6 +277,7 @@ def main() -> None:
             print(f"  {label}: {value:.1f}")
         queries = sample_queries(collection, args.queries)
         model = Collection.objects.select_related("embedding_model").get(name=collection).embedding_model
+        query_embeddings.vector(model, "warm up: load the model")
         with Timer() as embed_timer:
             for query in queries:
                 query_embeddings.vector(model, query)
