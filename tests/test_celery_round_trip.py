@@ -22,7 +22,8 @@ def round_trip(app: Celery, worker, value: str) -> str:
 
 
 def broker_app(broker_url: str, backend_url: str) -> Celery:
-    app = Celery("round-trip", broker=broker_url, backend=backend_url)
+    # Not the current app: shared tasks sent later in this process must still use the project's.
+    app = Celery("round-trip", broker=broker_url, backend=backend_url, set_as_current=False)
     app.conf.broker_connection_retry_on_startup = True
     return app
 
