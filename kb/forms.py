@@ -158,7 +158,10 @@ class PlaygroundForm(forms.Form):
     )
     # Optional with defaults, so that a link with only ?q=... runs a search.
     mode = forms.ChoiceField(
-        choices=[(mode, mode) for mode in MODES], initial="hybrid", required=False, widget=forms.RadioSelect
+        choices=[(mode, mode) for mode in MODES],
+        required=False,
+        widget=forms.RadioSelect,
+        help_text="None chosen: the collection's setting, else hybrid.",
     )
     semantic_weight = forms.FloatField(
         required=False,
@@ -166,7 +169,9 @@ class PlaygroundForm(forms.Form):
         max_value=1.0,
         help_text="Hybrid only. Empty: the collection's setting or the server default.",
     )
-    top_k = forms.IntegerField(initial=10, min_value=1, max_value=100, required=False, label="Top k")
+    top_k = forms.IntegerField(
+        min_value=1, max_value=100, required=False, label="Top k", help_text="Empty: the collection's, else 10."
+    )
     min_score = forms.FloatField(required=False, label="Minimum fused score")
     min_similarity = forms.FloatField(required=False, min_value=-1.0, max_value=1.0, label="Minimum similarity")
     content_types = forms.MultipleChoiceField(
@@ -183,9 +188,9 @@ class PlaygroundForm(forms.Form):
         return {
             "query": data["q"],
             "collections": [collection.name for collection in data["collections"]] or None,
-            "mode": data["mode"] or "hybrid",
+            "mode": data["mode"] or None,
             "semantic_weight": data["semantic_weight"],
-            "top_k": data["top_k"] or 10,
+            "top_k": data["top_k"],
             "min_score": data["min_score"],
             "min_similarity": data["min_similarity"],
             "content_types": data["content_types"] or None,

@@ -15,6 +15,10 @@ One service for every front door (admin playground, API, MCP, ``kb_search``):
 
 Filters fail closed: an unknown collection is an error, an empty list of documents matches
 nothing, an unknown operator is INVALID_ARGUMENT.
+
+``top_k``, ``mode`` and ``semantic_weight`` left out take the searched collection's own search
+settings (search_top_k; search_hybrid false means keyword; semantic_weight) when one collection is
+searched, and the server's defaults (10, hybrid, KB_SEMANTIC_WEIGHT) across several.
 """
 
 import math
@@ -40,6 +44,7 @@ METADATA_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in")
 # Below this many chunks left by a filter, an exact vector scan beats walking the HNSW graph.
 EXACT_SCAN_LIMIT = 5000
 MIN_CANDIDATE_DEPTH = 100
+DEFAULT_TOP_K = 10
 # Postings read in full before the remaining (common) query terms are only looked up.
 POSTINGS_BUDGET = 20000
 
@@ -117,8 +122,8 @@ def search(
     *,
     query: str,
     collections: Sequence[str] | None = None,
-    top_k: int = 10,
-    mode: str = "hybrid",
+    top_k: int | None = None,
+    mode: str | None = None,
     semantic_weight: float | None = None,
     min_score: float | None = None,
     min_similarity: float | None = None,
@@ -130,15 +135,16 @@ def search(
     query = (query or "").strip()
     if not query:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "The query is empty")
-    if not 1 <= top_k <= 100:
+    if top_k is not None and not 1 <= top_k <= 100:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "top_k must be between 1 and 100")
-    if mode not in MODES:
+    if mode is not None and mode not in MODES:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"mode must be one of {', '.join(MODES)}")
     if semantic_weight is not None and not 0.0 <= semantic_weight <= 1.0:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "semantic_weight must be between 0.0 and 1.0")
     if min_similarity is not None and not -1.0 <= min_similarity <= 1.0:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "min_similarity must be between -1.0 and 1.0")
     targets = _collections(collections)
+    top_k, mode = _top_k_and_mode(top_k, mode, targets)
     filters = Filters(
         collection_ids=tuple(collection.pk for collection in targets),
         document_ids=None if document_ids is None else tuple(str(doc) for doc in document_ids),
@@ -202,6 +208,16 @@ def _content_types(content_types: Sequence[str]) -> list[str]:
     if unknown:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"Unknown content type(s) in filter: {', '.join(unknown)}")
     return list(content_types)
+
+
+def _top_k_and_mode(top_k: int | None, mode: str | None, targets: list[Collection]) -> tuple[int, Mode]:
+    """What the caller left out: the collection's own choice when one is searched, else the server's."""
+    own = targets[0] if len(targets) == 1 else None
+    if top_k is None:
+        top_k = own.search_top_k if own else DEFAULT_TOP_K
+    if mode is None:
+        mode = "keyword" if own and not own.search_hybrid else "hybrid"
+    return top_k, mode
 
 
 def _weight(requested: float | None, targets: list[Collection], mode: str) -> float:

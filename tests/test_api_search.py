@@ -5,7 +5,7 @@ import pytest
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from tests.conftest import free_port
-from tests.support.api_helpers import embed_now, error_of, get, post
+from tests.support.api_helpers import embed_now, error_of, get, patch, post
 from tests.support.documents import MARKDOWN, PYTHON
 
 pytestmark = pytest.mark.django_db
@@ -53,6 +53,15 @@ def test_hybrid_search_finds_the_passage_with_every_result_field(client, library
     assert best["similarity"] is not None and best["keyword_rank"] is not None and best["vector_rank"] is not None
     assert best["lines"] == f"{best['line_start']}-{best['line_end']}"
     assert best["metadata"]["author"] == "Smith"
+
+
+def test_a_collection_s_search_settings_apply_when_the_request_leaves_them_out(client, library):
+    patched = patch(client, "/api/collections/docs", {"search_top_k": 1, "search_hybrid": False})
+    assert patched.status_code == 200, patched.content
+    own = search(client, query="replicas", collections=["docs"]).json()
+    assert (own["mode"], own["total_results"]) == ("keyword", 1)
+    both = search(client, query="replicas", collections=["docs", "code"]).json()
+    assert both["mode"] == "hybrid" and both["total_results"] > 1
 
 
 def test_keyword_and_semantic_modes(client, library):

@@ -10,7 +10,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from kb.access import Access
-from kb.services.collections import collection_create
+from kb.services.collections import collection_create, collection_update
 from mcp_endpoint.servers import build_server, canonical
 from mcp_endpoint.servers.prompts import GROUNDED_QA
 from tests.conftest import free_port
@@ -63,10 +63,10 @@ def test_it_offers_rag_mcps_tools_with_annotations_and_schemas():
     assert tools["rag_ingest"].annotations.open_world_hint is True
     search = tools["rag_search"].input_schema
     assert search["required"] == ["query"]
-    assert search["properties"]["top_k"] == {
-        "default": 10, "minimum": 1, "maximum": 100, "type": "integer", "title": ANY, "description": ANY
-    }  # fmt: skip
-    assert search["properties"]["hybrid"]["default"] is True
+    # Left out, top_k and hybrid take the collection's own search settings (10 and true unless changed).
+    assert search["properties"]["top_k"]["anyOf"][0] == {"minimum": 1, "maximum": 100, "type": "integer"}
+    assert search["properties"]["top_k"]["default"] is None
+    assert search["properties"]["hybrid"]["anyOf"][0] == {"type": "boolean"}
     assert sorted(tools["rag_ingest"].input_schema["required"]) == ["collection", "uri"]
     assert "rust" in tools["rag_ingest"].input_schema["properties"]["content_type"]["enum"]
     assert tools["rag_create_collection"].input_schema["properties"]["name"]["pattern"] == "^[a-zA-Z0-9_-]+$"
@@ -165,6 +165,19 @@ def test_hybrid_search_finds_by_meaning_and_filters_by_metadata():
         SERVER, "rag_search", {"query": "dough wings", "document_ids": [aero], "content_types": ["plain_text"]}
     )
     assert {hit["source"] for hit in only["results"]} == {aero}
+
+
+def test_search_of_one_collection_takes_its_search_settings():
+    notes = collection_create(name="notes")
+    ingest("notes", AERO)
+    ingest("notes", COOKING)
+    assert embed_pending() == 2
+    assert call_ok(SERVER, "rag_search", {"query": "wings dough", "collection": "notes"})["total_results"] == 2
+    collection_update(collection=notes, search_top_k=1, search_hybrid=False)
+    own = call_ok(SERVER, "rag_search", {"query": "wings dough", "collection": "notes"})
+    assert (own["total_results"], own["mode"]) == (1, "keyword")
+    chosen = call_ok(SERVER, "rag_search", {"query": "wings dough", "collection": "notes", "top_k": 5, "hybrid": True})
+    assert (chosen["total_results"], chosen["mode"]) == (2, "hybrid")
 
 
 def test_ingestion_status_waits_until_the_document_is_embedded():

@@ -8,7 +8,7 @@ from django.db import connection
 from kb import search as search_module
 from kb.errors import ErrorCode, KBError
 from kb.search import search
-from kb.services.collections import collection_create
+from kb.services.collections import collection_create, collection_update
 from kb.services.documents import document_create_from_text, document_delete
 from kb.services.embedding import document_claim, document_embed
 from tests.support.fake_providers import fake_ollama
@@ -140,6 +140,21 @@ def test_the_semantic_weight_moves_hybrid_between_its_halves(corpus):
     semantic = names(search(query=query, collections=["aero"], mode="semantic"))
     assert names(search(query=query, collections=["aero"], semantic_weight=0.0)) == keyword
     assert names(search(query=query, collections=["aero"], semantic_weight=1.0)) == semantic
+
+
+def test_a_collection_s_search_settings_are_the_defaults_of_a_search_of_it(corpus):
+    collection, _ = corpus
+    assert (len(search(query="temperature", collections=["aero"]).results), search(query="x").mode) == (6, "hybrid")
+    collection_update(collection=collection, search_top_k=2, search_hybrid=False, semantic_weight=0.9)
+    own = search(query="temperature", collections=["aero"])
+    assert (own.mode, own.semantic_weight, len(own.results)) == ("keyword", 0.0, 2)
+    assert names(own) == names(search(query="temperature", collections=["aero"], mode="keyword"))[:2]
+    chosen = search(query="temperature", collections=["aero"], top_k=4, mode="hybrid")
+    assert (chosen.mode, chosen.semantic_weight, len(chosen.results)) == ("hybrid", 0.9, 4)
+    # Across several collections the server's defaults apply: no one collection's choice wins.
+    collection_create(name="other")
+    across = search(query="temperature", collections=["aero", "other"])
+    assert (across.mode, len(across.results)) == ("hybrid", 6)
 
 
 def test_chunks_not_yet_embedded_are_found_by_keyword_and_hybrid(corpus):

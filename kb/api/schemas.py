@@ -416,8 +416,8 @@ class DocumentDeletedOut(Schema):
 class SearchIn(InputSchema):
     query: str = Field(min_length=1, max_length=10_000, examples=["How do I deploy the service?"])
     collections: list[str] | None = Field(None, max_length=1000, description="Default: every collection you can see")
-    top_k: int = Field(10, ge=1, le=100)
-    mode: Mode = "hybrid"
+    top_k: int | None = Field(None, ge=1, le=100, description="Default: the collection's search_top_k, else 10")
+    mode: Mode | None = Field(None, description="Default: the collection's (search_hybrid false: keyword), else hybrid")
     semantic_weight: float | None = Field(
         None, ge=0.0, le=1.0, description="Hybrid fusion weight (1.0 semantic only); default: the collection's"
     )

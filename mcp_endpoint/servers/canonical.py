@@ -62,10 +62,17 @@ def rag_search(
     collection: Annotated[
         str | None, Field(description="Search only this collection; omit to search all collections")
     ] = None,
-    top_k: Annotated[int, Field(ge=1, le=100, description="Number of results to return")] = 10,
+    top_k: Annotated[
+        int | None,
+        Field(ge=1, le=100, description="Number of results to return (default: the collection's setting, else 10)"),
+    ] = None,
     hybrid: Annotated[
-        bool, Field(description="Combine semantic and keyword search; false gives keyword-only (exact terms)")
-    ] = True,
+        bool | None,
+        Field(
+            description="Combine semantic and keyword search; false gives keyword-only (exact terms). "
+            "Default: the collection's setting, else true"
+        ),
+    ] = None,
     mode: Annotated[
         Literal["hybrid", "semantic", "keyword"] | None, Field(description="Search mode; overrides 'hybrid' when set")
     ] = None,
@@ -96,7 +103,7 @@ def rag_search(
         query=query,
         collections=access.search_collections([collection] if collection is not None else None),
         top_k=top_k,
-        mode=mode or ("hybrid" if hybrid else "keyword"),
+        mode=mode or (None if hybrid is None else "hybrid" if hybrid else "keyword"),
         semantic_weight=semantic_weight,
         min_score=min_score,
         metadata=metadata_filter,

@@ -22,8 +22,8 @@ class Command(KBCommand):
         parser.add_argument(
             "--collection", action="append", dest="collections", help="search this collection (repeatable)"
         )
-        parser.add_argument("--mode", choices=MODES, default="hybrid")
-        parser.add_argument("--top-k", type=int, default=10, help="number of results (1-100)")
+        parser.add_argument("--mode", choices=MODES, help="default: the collection's setting, else hybrid")
+        parser.add_argument("--top-k", type=int, help="number of results (1-100); default: the collection's, else 10")
         parser.add_argument("--semantic-weight", type=float, help="hybrid fusion weight, 0.0 (keyword) to 1.0")
         parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
