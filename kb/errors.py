@@ -19,6 +19,8 @@ class ErrorCode(StrEnum):
     EMBEDDING_ERROR = "EMBEDDING_ERROR"
     UNAUTHORIZED = "UNAUTHORIZED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
+    # Not in the seed: a REST path that names no endpoint at all.
+    NOT_FOUND = "NOT_FOUND"
 
 
 HTTP_STATUS = {
@@ -33,6 +35,7 @@ HTTP_STATUS = {
     ErrorCode.EMBEDDING_ERROR: 500,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.PERMISSION_DENIED: 403,
+    ErrorCode.NOT_FOUND: 404,
 }
 
 

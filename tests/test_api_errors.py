@@ -26,7 +26,15 @@ def test_the_status_of_each_code_is_the_seeds():
         "EMBEDDING_ERROR": 500,
         "UNAUTHORIZED": 401,
         "PERMISSION_DENIED": 403,
+        "NOT_FOUND": 404,
     }
+
+
+@pytest.mark.parametrize("path", ["/api/nothing-here", "/api/collections/docs/extra/parts"])
+def test_a_path_that_names_no_endpoint_is_a_json_404(client, path):
+    response = client.get(path)
+    assert response["Content-Type"] == "application/json"
+    assert error_of(response) == (404, "NOT_FOUND")
 
 
 def test_a_database_failure_is_500_database_error(client):
