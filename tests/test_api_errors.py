@@ -7,7 +7,7 @@ from django.db import connection
 from kb.errors import HTTP_STATUS, ErrorCode, KBError
 from kb.models import Collection
 from kb.services.collections import collection_create
-from kb.services.uploads import Upload, document_ingest_uploads
+from kb.services.uploads import document_ingest_uploads
 from tests.support.api_helpers import error_of, post
 
 pytestmark = pytest.mark.django_db
@@ -72,7 +72,7 @@ def test_nul_characters_in_metadata_or_file_names_are_400(client):
         "upload://ab.txt"
     )
     with pytest.raises(KBError) as refused:
-        document_ingest_uploads(collection=docs, uploads=[Upload(filename="a\x00b.txt", read=lambda: b"text")])
+        document_ingest_uploads(collection=docs, uploads=[SimpleUploadedFile("a\x00b.txt", b"text")])
     assert refused.value.code == ErrorCode.INVALID_ARGUMENT
 
 

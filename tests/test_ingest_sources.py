@@ -7,6 +7,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
 
 from kb.errors import ErrorCode, KBError
@@ -213,6 +214,16 @@ def test_files_over_the_size_limit_are_refused(collection, tmp_path, settings):
     with pytest.raises(KBError) as error:
         ingest(collection, tmp_path / "big.txt", [tmp_path])
     assert error.value.code == ErrorCode.LOAD_FAILED and "KB_MAX_DOCUMENT_BYTES" in error.value.message
+
+
+def test_an_upload_over_the_size_limit_is_refused_before_it_is_read(collection, settings):
+    settings.KB_MAX_DOCUMENT_BYTES = 2048
+    upload = SimpleUploadedFile("big.txt", b"word " * 1000)
+    upload.close()  # reading it now raises ValueError: its recorded size alone must decide
+    with pytest.raises(KBError) as error:
+        document_ingest_upload(collection=collection, filename="big.txt", data=upload)
+    assert error.value.code == ErrorCode.LOAD_FAILED and "5000 bytes" in error.value.message
+    assert not Document.objects.exists()
 
 
 def test_malformed_json_and_yaml_are_refused(collection, tmp_path):

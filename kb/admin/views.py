@@ -59,7 +59,7 @@ def _ingest_uploads(request: HttpRequest, form: DocumentUploadForm) -> bool:
             result = document_ingest_upload(
                 collection=data["collection"],
                 filename=upload.name,
-                data=upload.read(),
+                data=upload,
                 content_type=data["content_type"] or None,
                 metadata=data["metadata"],
             )

@@ -25,7 +25,7 @@ from kb.selectors import collection_get, document_chunks, document_list
 from kb.services.documents import document_delete
 from kb.services.embedding import document_reembed
 from kb.services.ingest import document_ingest, document_reingest, network_file_roots
-from kb.services.uploads import Upload, document_ingest_uploads
+from kb.services.uploads import document_ingest_uploads
 
 router = Router(tags=["documents"])
 # Loading a source (a URL, a file) can fail upstream: 502 LOAD_FAILED; a too long chunk: 400 TEXT_TOO_LONG.
@@ -92,7 +92,7 @@ def upload_documents(
     access.check_collection(name)
     report = document_ingest_uploads(
         collection=collection_get(name=name),
-        uploads=[Upload(filename=file.name or "", read=file.read) for file in files],
+        uploads=files,
         content_type=form.content_type,
         metadata=form.metadata,
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from django.conf import settings
+from django.core.files import File
 
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import ParsedDocument, detect_content_type, parse
@@ -139,21 +140,26 @@ def document_ingest_upload(
     *,
     collection: Collection,
     filename: str,
-    data: bytes,
+    data: bytes | File,
     content_type: str | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> StoredDocument:
-    """An uploaded file; its source URI is ``upload://<filename>``, so uploading it again updates it."""
+    """An uploaded file; its source URI is ``upload://<filename>``, so uploading it again updates it.
+
+    ``data`` may be Django's uploaded file (kept on disk when large): its size is checked before
+    it is read into memory."""
     name = Path(filename or "").name
     if not name:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "An uploaded file needs a name")
-    if len(data) > settings.KB_MAX_DOCUMENT_BYTES:
+    size = len(data) if isinstance(data, bytes) else data.size
+    if size > settings.KB_MAX_DOCUMENT_BYTES:
         raise KBError(
             ErrorCode.LOAD_FAILED,
-            f"{name} is {len(data)} bytes; the limit is {settings.KB_MAX_DOCUMENT_BYTES} (KB_MAX_DOCUMENT_BYTES)",
+            f"{name} is {size} bytes; the limit is {settings.KB_MAX_DOCUMENT_BYTES} (KB_MAX_DOCUMENT_BYTES)",
         )
     _check_metadata(metadata)
-    source = LoadedSource(source_uri=f"upload://{name}", data=data, filename=name)
+    content = data if isinstance(data, bytes) else data.read()
+    source = LoadedSource(source_uri=f"upload://{name}", data=content, filename=name)
     return ingest_loaded(collection=collection, source=source, content_type=content_type, metadata=metadata)
 
 
