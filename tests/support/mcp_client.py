@@ -125,4 +125,8 @@ def structured(result: CallToolResult) -> Any:
     """The structured result of a call that must succeed (a list comes wrapped as {"result": [...]})."""
     assert not result.is_error, result.content
     content = result.structured_content
-    return content["result"] if isinstance(content, dict) and set(content) == {"result"} else content
+    if isinstance(content, dict) and set(content) == {"result"}:
+        return content["result"]
+    # Clients that read only text get the same object, as one JSON text.
+    assert [json.loads(block.text) for block in result.content] == [content]
+    return content
