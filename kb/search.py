@@ -144,14 +144,13 @@ def search(
     if min_similarity is not None and not -1.0 <= min_similarity <= 1.0:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "min_similarity must be between -1.0 and 1.0")
     targets = _collections(collections)
-    top_k, mode = _top_k_and_mode(top_k, mode, targets)
+    top_k, mode, weight = _settings(top_k, mode, semantic_weight, targets)
     filters = Filters(
         collection_ids=tuple(collection.pk for collection in targets),
         document_ids=None if document_ids is None else tuple(str(doc) for doc in document_ids),
         content_types=None if content_types is None else tuple(_content_types(content_types)),
         metadata=tuple(_parse_metadata_filter(metadata or {})),
     )
-    weight = _weight(semantic_weight, targets, mode)
     depth = max(candidate_depth or 0, top_k if mode != "hybrid" else max(MIN_CANDIDATE_DEPTH, 3 * top_k))
     warnings: list[str] = []
     if not targets:
@@ -210,26 +209,22 @@ def _content_types(content_types: Sequence[str]) -> list[str]:
     return list(content_types)
 
 
-def _top_k_and_mode(top_k: int | None, mode: str | None, targets: list[Collection]) -> tuple[int, Mode]:
+def _settings(
+    top_k: int | None, mode: str | None, weight: float | None, targets: list[Collection]
+) -> tuple[int, Mode, float]:
     """What the caller left out: the collection's own choice when one is searched, else the server's."""
     own = targets[0] if len(targets) == 1 else None
     if top_k is None:
         top_k = own.search_top_k if own else DEFAULT_TOP_K
     if mode is None:
         mode = "keyword" if own and not own.search_hybrid else "hybrid"
-    return top_k, mode
-
-
-def _weight(requested: float | None, targets: list[Collection], mode: str) -> float:
     if mode == "keyword":
-        return 0.0
-    if mode == "semantic":
-        return 1.0
-    if requested is not None:
-        return requested
-    if len(targets) == 1 and targets[0].semantic_weight is not None:
-        return targets[0].semantic_weight
-    return settings.KB_SEMANTIC_WEIGHT
+        weight = 0.0
+    elif mode == "semantic":
+        weight = 1.0
+    elif weight is None:
+        weight = own.semantic_weight if own and own.semantic_weight is not None else settings.KB_SEMANTIC_WEIGHT
+    return top_k, mode, weight
 
 
 def _parse_metadata_filter(metadata: dict[str, Any]) -> list[tuple[str, str, Any]]:

@@ -142,7 +142,7 @@ def test_the_semantic_weight_moves_hybrid_between_its_halves(corpus):
     assert names(search(query=query, collections=["aero"], semantic_weight=1.0)) == semantic
 
 
-def test_a_collection_s_search_settings_are_the_defaults_of_a_search_of_it(corpus):
+def test_a_collection_s_search_settings_are_the_defaults_of_a_search_of_it(corpus, settings):
     collection, _ = corpus
     assert (len(search(query="temperature", collections=["aero"]).results), search(query="x").mode) == (6, "hybrid")
     collection_update(collection=collection, search_top_k=2, search_hybrid=False, semantic_weight=0.9)
@@ -154,7 +154,7 @@ def test_a_collection_s_search_settings_are_the_defaults_of_a_search_of_it(corpu
     # Across several collections the server's defaults apply: no one collection's choice wins.
     collection_create(name="other")
     across = search(query="temperature", collections=["aero", "other"])
-    assert (across.mode, len(across.results)) == ("hybrid", 6)
+    assert (across.mode, across.semantic_weight, len(across.results)) == ("hybrid", settings.KB_SEMANTIC_WEIGHT, 6)
 
 
 def test_chunks_not_yet_embedded_are_found_by_keyword_and_hybrid(corpus):
