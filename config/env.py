@@ -5,6 +5,7 @@ Every variable the project reads goes through one of these, so a typo such as
 surfacing later as a strange ranking.
 """
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,6 +62,8 @@ def env_float(name: str, default: float, *, minimum: float | None = None, maximu
         number = float(value)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ImproperlyConfigured(f"{name}={value!r} is not a finite number")
     _check_range(name, number, minimum, maximum)
     return number
 

@@ -1,38 +1,69 @@
-"""Who may do what: the access of a request, from its bearer token or the loopback default.
+"""Who may do what: the one access decision of every door that serves requests (REST API, MCP on
+every transport and profile, /health).
 
-Tokens are required on the REST API and the MCP HTTP transports when KB_REQUIRE_AUTH is set or
-the server listens beyond loopback; otherwise (the embedded default) a request without a token
-has full access. A token limited to some collections cannot see the others at all: they are
-reported as not found, in listings and search results too.
+``request_access`` takes what a request says about itself (its credentials, the address it comes
+from, the site a browser says it comes from) and returns an ``Access``:
+
+- A request that a browser sends from another site is refused, with or without a token: a page the
+  operator visits must never write into (or read from) the knowledge base.
+- A request with a bearer token has the token's scope and collections.
+- A request without a token has full access only from loopback and only while KB_REQUIRE_AUTH is
+  off (the embedded default); from any other address a token is required, whatever the server
+  was told about where it listens.
+
+A token limited to some collections cannot see the others at all: they are reported as not found,
+in listings and search results too (``Access.collection`` / ``Access.document``).
 """
 
+import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
 from kb.errors import ErrorCode, KBError
-from kb.models import SCOPE_LEVELS, ApiToken, TokenScope
+from kb.models import SCOPE_LEVELS, ApiToken, Collection, Document, TokenScope
+from kb.selectors import collection_get, document_get
 from kb.services.tokens import token_authenticate
 
 
 @dataclass(frozen=True)
 class Access:
-    scope: str
-    # None: every collection.
+    scope: TokenScope
+    # None: every collection. Empty: none (a limited token whose collections were all deleted).
     collections: frozenset[str] | None = None
     token: ApiToken | None = None
 
+    def allows(self, scope: str) -> bool:
+        return SCOPE_LEVELS[TokenScope(self.scope)] >= SCOPE_LEVELS[TokenScope(scope)]
+
     def require(self, scope: str) -> None:
-        if SCOPE_LEVELS[TokenScope(self.scope)] < SCOPE_LEVELS[TokenScope(scope)]:
-            raise KBError(ErrorCode.PERMISSION_DENIED, f"This token's scope is {self.scope!r}; {scope!r} is needed")
+        if not self.allows(scope):
+            raise KBError(
+                ErrorCode.PERMISSION_DENIED,
+                f"This token's scope is {str(self.scope)!r}; {str(scope)!r} is needed",
+            )
 
     def can_see(self, collection: str) -> bool:
         return self.collections is None or collection in self.collections
 
     def check_collection(self, collection: str) -> None:
+        """Hidden means not found: a token never learns that a collection it may not use exists."""
         if not self.can_see(collection):
             raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection}")
+
+    def collection(self, name: str) -> Collection:
+        self.check_collection(name)
+        return collection_get(name=name)
+
+    def document(self, doc_id: str) -> Document:
+        """A document the caller may see; one in a hidden collection is reported as not found."""
+        document = document_get(doc_id=doc_id)
+        if not self.can_see(document.collection.name):
+            raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}")
+        return document
 
     def require_unrestricted(self, action: str) -> None:
         """Actions that are not about one visible collection (creating one, server-wide stats...)."""
@@ -51,22 +82,70 @@ class Access:
         return list(requested)
 
 
+# The operator's own processes (commands, the stdio MCP server) and loopback clients of the default.
 FULL_ACCESS = Access(scope=TokenScope.ADMIN)
 
 
-def auth_required() -> bool:
-    return settings.KB_REQUIRE_AUTH
-
-
-def access_from_authorization(header: str | None) -> Access:
-    """The access of a request given its ``Authorization`` header (``Bearer <token>``)."""
-    if not header:
-        if auth_required():
+def request_access(
+    *,
+    authorization: str | None,
+    client_address: str | None,
+    origin: str | None = None,
+    fetch_site: str | None = None,
+) -> Access:
+    """The access of one request. ``origin`` and ``fetch_site`` are its Origin and Sec-Fetch-Site
+    headers, which browsers set and pages cannot forge; other clients usually send neither."""
+    refuse_cross_site(origin=origin, fetch_site=fetch_site)
+    if not authorization:
+        if settings.KB_REQUIRE_AUTH or not is_loopback(client_address):
             raise KBError(ErrorCode.UNAUTHORIZED, "An API token is required: send 'Authorization: Bearer <token>'")
         return FULL_ACCESS
-    scheme, _, raw = header.partition(" ")
+    scheme, _, raw = authorization.partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
         raise KBError(ErrorCode.UNAUTHORIZED, "Send the API token as 'Authorization: Bearer <token>'")
-    token = token_authenticate(raw=raw)
-    names = frozenset(collection.name for collection in token.collections.all())
-    return Access(scope=token.scope, collections=names or None, token=token)
+    return token_access(token_authenticate(raw=raw))
+
+
+def token_access(token: ApiToken) -> Access:
+    return Access(scope=TokenScope(token.scope), collections=token.collection_limit(), token=token)
+
+
+def is_loopback(address: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(address or "").is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_cross_site(*, origin: str | None, fetch_site: str | None) -> None:
+    if (fetch_site or "").strip().lower() == "cross-site" or not origin_allowed(origin):
+        raise KBError(
+            ErrorCode.PERMISSION_DENIED,
+            "Requests from another site are refused (Origin / Sec-Fetch-Site); "
+            "add the site to DJANGO_CSRF_TRUSTED_ORIGINS if it is yours",
+        )
+
+
+def allowed_hosts() -> list[str]:
+    # As Django itself: with DEBUG on and no ALLOWED_HOSTS, local names are allowed.
+    if settings.DEBUG and not settings.ALLOWED_HOSTS:
+        return [".localhost", "127.0.0.1", "[::1]"]
+    return settings.ALLOWED_HOSTS
+
+
+def host_allowed(host: str | None) -> bool:
+    """A Host header naming this server (DNS rebinding defence for what Django does not serve)."""
+    domain, _port = split_domain_port(host or "")
+    return bool(domain) and validate_host(domain, allowed_hosts())
+
+
+def origin_allowed(origin: str | None) -> bool:
+    """No Origin (not a browser, or a same-origin GET), a trusted origin, or one of our own hosts.
+    "null" (sandboxed frames, file: pages) and anything unparsable name another site."""
+    if origin is None or origin in settings.CSRF_TRUSTED_ORIGINS:
+        return True
+    try:
+        parts = urlsplit(origin.strip())
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and host_allowed(parts.netloc)

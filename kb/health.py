@@ -17,10 +17,14 @@ from kb.models import Collection
 CHECK_TIMEOUT_SECONDS = 2.0
 
 
-def health_report() -> dict[str, Any]:
+def health_report(*, detailed: bool) -> dict[str, Any]:
+    """``detailed`` (for admins only): versions, transports, paths, hosts and error texts. Others
+    learn only what is up and what is down: details name server paths and internal addresses."""
     checks = {"database": database_check(), "broker": broker_check()}
     checks["embedding"] = embedding_check(models=_models_in_use(database_ok=checks["database"]["ok"]))
     ok = all(check["ok"] for check in checks.values())
+    if not detailed:
+        checks = {name: {"ok": check["ok"]} for name, check in checks.items()}
     return {"status": "ok" if ok else "error", "checks": checks}
 
 

@@ -5,18 +5,32 @@ migrations), not by Django's collector: deleting a collection of 100,000 chunks 
 statement, and the BM25 postings, which Django does not model, go with their chunks.
 """
 
+import re
 import uuid
 
 from django.conf import settings
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
-from django.core.validators import RegexValidator
+from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils import timezone
 from pgvector.django import VectorField
 from ulid import ULID
 
+# For JSON schemas and OpenAPI (where "$" is the end of the text); Python checks the whole name
+# with fullmatch (validate_collection_name), since Python's "$" also matches before a final newline.
 COLLECTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]+$"
 COLLECTION_NAME_MAX_LENGTH = 100
+_COLLECTION_NAME = re.compile(r"[a-zA-Z0-9_-]+")
+
+
+def is_collection_name(name: object) -> bool:
+    return isinstance(name, str) and len(name) <= COLLECTION_NAME_MAX_LENGTH and bool(_COLLECTION_NAME.fullmatch(name))
+
+
+def validate_collection_name_field(name: str) -> None:
+    if not is_collection_name(name):
+        raise ValidationError("Use letters, digits, '-' and '_' only.", code="invalid")
 
 
 def new_ulid() -> str:
@@ -50,7 +64,7 @@ class Collection(models.Model):
     name = models.CharField(
         max_length=COLLECTION_NAME_MAX_LENGTH,
         unique=True,
-        validators=[RegexValidator(COLLECTION_NAME_PATTERN, "Use letters, digits, '-' and '_' only.")],
+        validators=[validate_collection_name_field],
     )
     description = models.TextField(blank=True, default="")
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
@@ -194,7 +208,9 @@ class ApiToken(models.Model):
     prefix = models.CharField(max_length=16, unique=True, help_text="The start of the token, to recognise it.")
     key_hash = models.CharField(max_length=64, unique=True)
     scope = models.CharField(max_length=10, choices=TokenScope.choices, default=TokenScope.READ)
-    # Empty: every collection.
+    # A limited token may use only `collections`. The flag, not an empty list, says "every
+    # collection": deleting a token's last collection leaves it limited to nothing (fail closed).
+    limited_to_collections = models.BooleanField(default=False)
     collections = models.ManyToManyField(Collection, blank=True, related_name="api_tokens")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -208,6 +224,27 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…, {self.scope})"
+
+    def collection_limit(self) -> frozenset[str] | None:
+        """The names of the collections it may use; None: every collection."""
+        if not self.limited_to_collections:
+            return None
+        return frozenset(collection.name for collection in self.collections.all())
+
+    def collections_label(self) -> str:
+        """How listings show the limit (admin, kb_token list)."""
+        limit = self.collection_limit()
+        if limit is None:
+            return "(all)"
+        return ", ".join(sorted(limit)) or "(none left: its collections were deleted)"
+
+    @property
+    def state(self) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"
 
 
 # --- The BM25 index. Tables and triggers are created by migration 0002 and written only by the

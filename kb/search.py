@@ -36,6 +36,7 @@ from kb.embeddings import EmbeddingError, embed_texts
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import Collection, EmbeddingModel
+from kb.storable import check_storable
 from kb.vector_index import vector_expression
 
 Mode = Literal["hybrid", "semantic", "keyword"]
@@ -135,6 +136,12 @@ def search(
     query = (query or "").strip()
     if not query:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "The query is empty")
+    if len(query) > settings.KB_MAX_QUERY_CHARS:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"The query has {len(query)} characters; the limit is {settings.KB_MAX_QUERY_CHARS} (KB_MAX_QUERY_CHARS)",
+        )
+    check_storable([query, metadata, document_ids, content_types, collections], what="search")
     if top_k is not None and not 1 <= top_k <= 100:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "top_k must be between 1 and 100")
     if mode is not None and mode not in MODES:

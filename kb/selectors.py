@@ -64,13 +64,17 @@ def document_get(*, doc_id: str) -> Document:
         raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}") from None
 
 
+# Offsets beyond this cannot page anywhere useful and would overflow Postgres' bigint.
+MAX_OFFSET = 1_000_000_000
+
+
 def document_list(
     *, collection: Collection, limit: int = 100, offset: int = 0, status: str | None = None
 ) -> list[Document]:
     if not 1 <= limit <= 1000:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "limit must be between 1 and 1000")
-    if offset < 0:
-        raise KBError(ErrorCode.INVALID_ARGUMENT, "offset must not be negative")
+    if not 0 <= offset <= MAX_OFFSET:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"offset must be between 0 and {MAX_OFFSET}")
     documents = Document.objects.filter(collection=collection).defer("raw_content").order_by("created_at", "id")
     if status:
         if status not in DocumentStatus.values:
@@ -139,11 +143,11 @@ def storage_bytes() -> int:
         return int(cursor.fetchone()[0])
 
 
-def health_report() -> dict[str, Any]:
+def health_report(*, detailed: bool) -> dict[str, Any]:
     """Database, broker and embedding providers (see kb.health)."""
     from kb.health import health_report as report
 
-    return report()
+    return report(detailed=detailed)
 
 
 def collection_get_with_totals(*, name: str) -> Collection:

@@ -1,11 +1,12 @@
 from django.http import HttpRequest, JsonResponse
 
 from kb import selectors
+from kb.api.auth import sees_health_details
 from kb.errors import ErrorCode, KBError
 
 
 def health(request: HttpRequest) -> JsonResponse:
-    report = selectors.health_report()
+    report = selectors.health_report(detailed=sees_health_details(request))
     return JsonResponse(report, status=200 if report["status"] == "ok" else 503)
 
 

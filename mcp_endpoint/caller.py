@@ -14,19 +14,18 @@ from pathlib import Path
 
 from kb.access import Access
 from kb.errors import ErrorCode, KBError
-from kb.models import Document
-from kb.selectors import document_get
-from kb.services.ingest import command_line_file_roots, network_file_roots
+from kb.services.ingest import network_file_roots, stdio_server_file_roots
 
 
 @dataclass(frozen=True)
 class Caller:
     access: Access
-    # stdio: the user's own process, which may read files under its working directory.
+    # stdio: the user's own process, which may read files under KB_FILE_ROOTS and the roots it was started with.
     local: bool = False
+    local_file_roots: tuple[Path, ...] = ()
 
     def file_roots(self) -> list[Path]:
-        return command_line_file_roots() if self.local else network_file_roots()
+        return stdio_server_file_roots(self.local_file_roots) if self.local else network_file_roots()
 
 
 _current: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("kb_mcp_caller", default=None)
@@ -55,10 +54,3 @@ def calling_as(caller: Caller | None) -> Iterator[None]:
     finally:
         _current.reset(token)
 
-
-def visible_document(doc_id: str) -> Document:
-    """A document the caller may see; those of collections hidden from it are reported as not found."""
-    document = document_get(doc_id=doc_id)
-    if not current_access().can_see(document.collection.name):
-        raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}")
-    return document

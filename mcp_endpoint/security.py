@@ -1,57 +1,33 @@
-"""The door of the MCP HTTP transports: Host and Origin headers checked against ALLOWED_HOSTS (DNS
-rebinding), then the bearer token (kb.access). The request's access is what its tools see
-(mcp_endpoint.caller); a token also becomes the SDK's authenticated user, so a session can only be
-used with the credential that opened it."""
+"""The door of the MCP HTTP transports: the Host header checked against ALLOWED_HOSTS (DNS
+rebinding), then the one access decision of kb.access (cross-site browsers, token, client
+address). The request's access is what its tools see (mcp_endpoint.caller); a token also becomes
+the SDK's authenticated user, so a session can only be used with the credential that opened it."""
 
-from urllib.parse import urlsplit
+import functools
 
-from django.conf import settings
-from django.http.request import split_domain_port, validate_host
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kb.access import FULL_ACCESS, Access, access_from_authorization, auth_required
+from kb.access import Access, host_allowed, request_access
 from kb.errors import ErrorCode, KBError
 from mcp_endpoint.caller import Caller, calling_as
 from mcp_endpoint.tooling import in_thread
 
 
-def allowed_hosts() -> list[str]:
-    # As Django itself: with DEBUG on and no ALLOWED_HOSTS, local names are allowed.
-    if settings.DEBUG and not settings.ALLOWED_HOSTS:
-        return [".localhost", "127.0.0.1", "[::1]"]
-    return settings.ALLOWED_HOSTS
-
-
-def host_allowed(host: str | None) -> bool:
-    domain, _port = split_domain_port(host or "")
-    return bool(domain) and validate_host(domain, allowed_hosts())
-
-
-def origin_allowed(origin: str | None) -> bool:
-    """Browsers send Origin with cross-site requests (a rebinding page among them); other clients
-    usually send none."""
-    if origin is None or origin in settings.CSRF_TRUSTED_ORIGINS:
-        return True
-    parts = urlsplit(origin)
-    return parts.scheme in ("http", "https") and host_allowed(parts.netloc)
-
-
-def header_refusal(headers: Headers) -> Response | None:
-    if not host_allowed(headers.get("host")):
-        return PlainTextResponse("Invalid Host header", status_code=421)
-    if not origin_allowed(headers.get("origin")):
-        return PlainTextResponse("Invalid Origin header", status_code=403)
-    return None
-
-
-async def request_access(authorization: str | None) -> Access:
-    if not authorization and not auth_required():
-        return FULL_ACCESS
-    return await in_thread(access_from_authorization, authorization)
+async def scope_access(scope: Scope, headers: Headers) -> Access:
+    client = scope.get("client")
+    decide = functools.partial(
+        request_access,
+        authorization=headers.get("authorization"),
+        client_address=client[0] if client else None,
+        origin=headers.get("origin"),
+        fetch_site=headers.get("sec-fetch-site"),
+    )
+    # Only a token needs the database; everything else is decided without a thread.
+    return await in_thread(decide) if headers.get("authorization") else decide()
 
 
 def error_response(error: KBError) -> Response:
@@ -77,14 +53,13 @@ class MCPGuard:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        refusal = header_refusal(headers)
-        if refusal is None:
-            try:
-                access = await request_access(headers.get("authorization"))
-            except KBError as error:
-                refusal = error_response(error)
-        if refusal is not None:
-            await refusal(scope, receive, send)
+        if not host_allowed(headers.get("host")):
+            await PlainTextResponse("Invalid Host header", status_code=421)(scope, receive, send)
+            return
+        try:
+            access = await scope_access(scope, headers)
+        except KBError as error:
+            await error_response(error)(scope, receive, send)
             return
         if user := token_user(access):
             scope["user"] = user

@@ -19,7 +19,8 @@ from mcp_types import Tool as MCPTool
 from pydantic import ValidationError
 
 from kb.errors import ErrorCode, KBError
-from mcp_endpoint.caller import Caller, calling_as, current_caller_or_none
+from kb.models import TokenScope
+from mcp_endpoint.caller import Caller, calling_as, current_access, current_caller_or_none
 
 logger = logging.getLogger(__name__)
 
@@ -41,33 +42,36 @@ FETCHING = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempot
 # every call in a copy of the caller's context, where Django keeps connections, so each call would
 # open (and leak until garbage collection) a connection of its own. These threads run calls in
 # their own context instead and get the caller passed explicitly.
-TOOL_THREADS = 8
-_pool: ThreadPoolExecutor | None = None
+#
+# Reads and writes have pools of their own: a write may wait on a slow URL fetch or a large parse,
+# and however many of those clients start, searches and listings keep their threads.
+POOL_SIZES = {"read": 8, "write": 4}
+_pools: dict[str, ThreadPoolExecutor] = {}
 
 
-def _tool_threads() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=TOOL_THREADS, thread_name_prefix="mcp-tool")
-    return _pool
+def _tool_threads(pool: str) -> ThreadPoolExecutor:
+    if pool not in _pools:
+        _pools[pool] = ThreadPoolExecutor(max_workers=POOL_SIZES[pool], thread_name_prefix=f"mcp-{pool}")
+    return _pools[pool]
 
 
 def stop_tool_threads() -> None:
     """End the tool threads and close their database connections (server shutdown, end of tests)."""
-    global _pool
-    if _pool is None:
-        return
+    for name in list(_pools):
+        _stop_pool(_pools.pop(name), POOL_SIZES[name])
+
+
+def _stop_pool(pool: ThreadPoolExecutor, size: int) -> None:
     # Every thread takes exactly one of these (each waits for all), so every connection is closed.
-    everyone = threading.Barrier(TOOL_THREADS)
+    everyone = threading.Barrier(size)
 
     def close_connection() -> None:
         connections.close_all()
         everyone.wait(timeout=30)
 
-    for _ in range(TOOL_THREADS):
-        _pool.submit(close_connection)
-    _pool.shutdown(wait=True)
-    _pool = None
+    for _ in range(size):
+        pool.submit(close_connection)
+    pool.shutdown(wait=True)
 
 
 def _call_as(caller: Caller | None, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
@@ -81,10 +85,14 @@ def _call_as(caller: Caller | None, fn: Callable[P, R], *args: P.args, **kwargs:
 
 
 async def in_thread(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """Run synchronous service code in a tool thread, as the current caller. Calls of different
+    """Run synchronous read code in a tool thread, as the current caller. Calls of different
     sessions run in parallel, each thread with its own database connection."""
+    return await _in_pool("read", fn, *args, **kwargs)
+
+
+async def _in_pool(pool: str, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     call = functools.partial(_call_as, current_caller_or_none(), fn, *args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(_tool_threads(), call)
+    return await asyncio.get_running_loop().run_in_executor(_tool_threads(pool), call)
 
 
 def json_error(error: KBError) -> CallToolResult:
@@ -99,22 +107,38 @@ def raise_tool_error(error: KBError) -> NoReturn:
     raise ToolError(error.message) from error
 
 
-def service_tool(on_error: ErrorHandler = json_error) -> Callable[[Callable[P, R]], Callable[P, Awaitable[R]]]:
+def service_tool(
+    scope: TokenScope, *, on_error: ErrorHandler = json_error
+) -> Callable[[Callable[P, R]], Callable[P, Awaitable[R]]]:
     """Make an MCP tool of a synchronous function that calls the services. The tool keeps the
-    function's name, docstring and signature (its input and output schemas)."""
+    function's name, docstring and signature (its input and output schemas). ``scope`` is what
+    the caller's token needs: checked before every call, and tools a token lacks it for are not
+    listed to it."""
 
     def decorate(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+        def as_permitted(*args: P.args, **kwargs: P.kwargs) -> R:
+            current_access().require(scope)
+            return fn(*args, **kwargs)
+
+        pool = "read" if scope == TokenScope.READ else "write"
+
         @functools.wraps(fn)
         async def tool(*args: P.args, **kwargs: P.kwargs) -> R:
             try:
-                return await in_thread(fn, *args, **kwargs)
+                return await _in_pool(pool, as_permitted, *args, **kwargs)
             except KBError as error:
                 logger.info("MCP tool %s failed: %s", fn.__name__, error)
                 return on_error(error)
 
+        tool.required_scope = scope  # type: ignore[attr-defined]
         return tool
 
     return decorate
+
+
+def required_scope(fn: Callable[..., Any]) -> TokenScope:
+    """What a tool needs; tools not made by service_tool (which call one) only read."""
+    return getattr(fn, "required_scope", TokenScope.READ)
 
 
 def flat_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +188,7 @@ class KBServer(MCPServer):
         super().__init__(name, **kwargs)
         self.json_errors = json_errors
         self._description_suffixes: dict[str, Callable[[], Awaitable[str]]] = {}
+        self._scopes: dict[str, TokenScope] = {}
 
     def add_tools(
         self,
@@ -177,13 +202,21 @@ class KBServer(MCPServer):
             if read_only and not annotations.read_only_hint:
                 continue
             self.add_tool(fn, annotations=annotations, structured_output=structured_output)
+            self._scopes[fn.__name__] = required_scope(fn)
 
     def describe_live(self, tool_name: str, suffix: Callable[[], Awaitable[str]]) -> None:
         self._description_suffixes[tool_name] = suffix
 
     async def list_tools(self) -> list[MCPTool]:
+        """The tools the caller's token may use (all of them when no caller is known: in memory)."""
+        caller = current_caller_or_none()
         tools = await super().list_tools()
-        return [await self._listed(tool) for tool in tools]
+        permitted = [
+            tool
+            for tool in tools
+            if caller is None or caller.access.allows(self._scopes.get(tool.name, TokenScope.READ))
+        ]
+        return [await self._listed(tool) for tool in permitted]
 
     async def _listed(self, tool: MCPTool) -> MCPTool:
         update: dict[str, Any] = {}

@@ -7,6 +7,7 @@ import time
 from unittest.mock import ANY
 
 import pytest
+from django.db import connection
 from mcp.shared.exceptions import MCPError
 
 from kb.access import Access
@@ -348,6 +349,21 @@ def _remote_embedding_collection(settings) -> None:
     ingest("remote", AERO)
 
 
+def _with_failing_inserts(action):
+    """A real database error: Postgres itself refuses every new document while ``action`` runs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION kb_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'documents are refused for this test'; END $$;"
+            "CREATE TRIGGER kb_test_refuse BEFORE INSERT ON kb_document FOR EACH ROW EXECUTE FUNCTION kb_test_refuse()"
+        )
+    try:
+        return action()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER kb_test_refuse ON kb_document; DROP FUNCTION kb_test_refuse()")
+
+
 ERRORS = {
     "DOCUMENT_NOT_FOUND": lambda settings: call(SERVER, "rag_delete", {"doc_id": "01HNOTHERE"}),
     "COLLECTION_NOT_FOUND": lambda settings: call(SERVER, "rag_list_documents", {"collection": "nope"}),
@@ -359,9 +375,8 @@ ERRORS = {
         setattr(settings, "KB_MAX_CHUNK_TOKENS", 16),
         call(SERVER, "rag_ingest", {"uri": data_uri("word " * 200), "collection": "c"}),
     )[-1],
-    # Postgres refuses a NUL character in JSON: a real database error, reported without its trace.
-    "DATABASE_ERROR": lambda settings: call(
-        SERVER, "rag_ingest", {"uri": data_uri("text"), "collection": "c", "metadata": {"note": "a\u0000b"}}
+    "DATABASE_ERROR": lambda settings: _with_failing_inserts(
+        lambda: call(SERVER, "rag_ingest", {"uri": data_uri("text"), "collection": "c"})
     ),
     "EMBEDDING_ERROR": lambda settings: (
         _remote_embedding_collection(settings),

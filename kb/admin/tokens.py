@@ -7,7 +7,6 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils import timezone
 
 from kb.admin.common import adopt, run_each
 from kb.forms import ApiTokenForm
@@ -59,15 +58,11 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     @admin.display(description="Collections")
     def collections_column(self, obj: ApiToken) -> str:
-        return ", ".join(collection.name for collection in obj.collections.all()) or "all"
+        return obj.collections_label()
 
     @admin.display(description="State")
     def state(self, obj: ApiToken) -> str:
-        if obj.revoked_at:
-            return "revoked"
-        if obj.expires_at and obj.expires_at <= timezone.now():
-            return "expired"
-        return "active"
+        return obj.state
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form: ApiTokenForm, change: bool) -> None:
         if change:

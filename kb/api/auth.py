@@ -1,49 +1,66 @@
-"""Bearer-token authentication of the REST API, by the rules of kb.access.
+"""The REST API's door: every request's access comes from kb.access.request_access."""
 
-On the embedded loopback default a request without a token has full access; with
-KB_REQUIRE_AUTH (or when listening beyond loopback) every request needs a token.
-"""
-
-import ipaddress
 from typing import Any
 
 from django.http import HttpRequest
 from ninja.security import HttpBearer
 
-from kb.access import Access, access_from_authorization
+from kb.access import Access, request_access
 from kb.errors import ErrorCode, KBError
-from kb.models import Document
-from kb.selectors import document_get
+from kb.models import TokenScope
+
+# Bodies a page on another site can send without asking first (text/plain, form-urlencoded) are
+# never accepted: JSON comes as application/json, files as multipart/form-data.
+BODY_TYPES = ("application/json", "multipart/form-data")
+
+
+def access_of_request(request: HttpRequest) -> Access:
+    return request_access(
+        authorization=request.headers.get("Authorization"),
+        client_address=request.META.get("REMOTE_ADDR"),
+        origin=request.headers.get("Origin"),
+        fetch_site=request.headers.get("Sec-Fetch-Site"),
+    )
 
 
 class BearerToken(HttpBearer):
     def __call__(self, request: HttpRequest) -> Access:
         # Unlike HttpBearer, no header is not a failure by itself: kb.access decides.
-        header = request.headers.get("Authorization")
-        if not header and not _from_loopback(request):
-            # A request from another machine means the server listens beyond loopback, even if
-            # KB_HOST was not told so (e.g. uvicorn started by hand on 0.0.0.0): a token is required.
-            raise KBError(ErrorCode.UNAUTHORIZED, "An API token is required: send 'Authorization: Bearer <token>'")
-        return access_from_authorization(header)
+        access = access_of_request(request)
+        _check_body_type(request)
+        return access
 
     def authenticate(self, request: HttpRequest, token: str) -> Any:
-        return access_from_authorization(f"Bearer {token}")
+        return self(request)
 
 
-def _from_loopback(request: HttpRequest) -> bool:
+def _check_body_type(request: HttpRequest) -> None:
+    if request.method in ("GET", "HEAD", "OPTIONS") or not _has_body(request):
+        return
+    if (request.content_type or "").lower() not in BODY_TYPES:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"Unsupported Content-Type {request.content_type!r}: send JSON as application/json "
+            "(uploads as multipart/form-data)",
+        )
+
+
+def _has_body(request: HttpRequest) -> bool:
+    if "HTTP_TRANSFER_ENCODING" in request.META:  # chunked: no length, but a body
+        return True
     try:
-        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
+        return int(request.META.get("CONTENT_LENGTH") or 0) > 0
     except ValueError:
+        return True
+
+
+def sees_health_details(request: HttpRequest) -> bool:
+    """/health answers everyone (load balancers have no token); its details only admins."""
+    try:
+        return access_of_request(request).allows(TokenScope.ADMIN)
+    except KBError:
         return False
 
 
 def access_of(request: HttpRequest) -> Access:
     return request.auth  # type: ignore[attr-defined] - set by BearerToken
-
-
-def visible_document(access: Access, doc_id: str) -> Document:
-    """The document, unless it lies in a collection the token cannot see (then: not found)."""
-    document = document_get(doc_id=doc_id)
-    if not access.can_see(document.collection.name):
-        raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}")
-    return document

@@ -18,7 +18,7 @@ from kb.api.schemas import (
 )
 from kb.errors import ErrorCode, KBError
 from kb.models import TokenScope
-from kb.selectors import collection_get, collection_get_with_totals, collection_list
+from kb.selectors import collection_get_with_totals, collection_list
 from kb.services.collections import collection_create, collection_delete, collection_update
 from kb.services.embedding import collection_switch_model
 
@@ -64,11 +64,11 @@ def get_collection(request: HttpRequest, name: CollectionName) -> CollectionOut:
 def update_collection(request: HttpRequest, name: CollectionName, payload: CollectionUpdateIn) -> CollectionOut:
     access = access_of(request)
     access.require(TokenScope.ADMIN)
-    access.check_collection(name)
+    collection = access.collection(name)
     changes = payload.model_dump(exclude={"embedding_provider", "embedding_model"})
     # One transaction: a refused model leaves the settings unchanged, and no re-embedding starts.
     with transaction.atomic():
-        collection = collection_update(collection=collection_get(name=name), **changes)
+        collection = collection_update(collection=collection, **changes)
         if payload.embedding_provider or payload.embedding_model:
             provider = payload.embedding_provider or collection.embedding_model.provider
             model_name = payload.embedding_model or settings.EMBEDDING_DEFAULT_MODELS[provider]
@@ -86,9 +86,8 @@ def delete_collection(
 ) -> CollectionDeletedOut:
     access = access_of(request)
     access.require(TokenScope.ADMIN)
-    access.check_collection(name)
+    access.collection(name)  # an unknown or hidden collection is "not found", confirmed or not
     if not query.confirm:
-        collection_get(name=name)  # an unknown collection is still "not found"
         raise KBError(
             ErrorCode.INVALID_ARGUMENT, "Deleting a collection deletes all its documents: repeat with confirm=true"
         )

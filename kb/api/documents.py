@@ -3,7 +3,7 @@
 from django.http import HttpRequest
 from ninja import File, Form, Query, Router, UploadedFile
 
-from kb.api.auth import access_of, visible_document
+from kb.api.auth import access_of
 from kb.api.errors import with_errors
 from kb.api.schemas import (
     CollectionName,
@@ -21,7 +21,7 @@ from kb.api.schemas import (
 )
 from kb.errors import ErrorCode
 from kb.models import TokenScope
-from kb.selectors import collection_get, document_chunks, document_list
+from kb.selectors import document_chunks, document_list
 from kb.services.documents import document_delete
 from kb.services.embedding import document_reembed
 from kb.services.ingest import document_ingest, document_reingest, network_file_roots
@@ -40,9 +40,8 @@ INGEST_ERRORS = (ErrorCode.COLLECTION_NOT_FOUND, ErrorCode.INVALID_URI, ErrorCod
 def list_documents(request: HttpRequest, name: CollectionName, query: Query[DocumentListQuery]) -> DocumentListOut:
     access = access_of(request)
     access.require(TokenScope.READ)
-    access.check_collection(name)
     documents = document_list(
-        collection=collection_get(name=name), limit=query.limit, offset=query.offset, status=query.status
+        collection=access.collection(name), limit=query.limit, offset=query.offset, status=query.status
     )
     return DocumentListOut(
         collection=name,
@@ -63,9 +62,8 @@ def list_documents(request: HttpRequest, name: CollectionName, query: Query[Docu
 def ingest_document(request: HttpRequest, name: CollectionName, payload: IngestIn) -> IngestOut:
     access = access_of(request)
     access.require(TokenScope.WRITE)
-    access.check_collection(name)
     report = document_ingest(
-        collection=collection_get(name=name),
+        collection=access.collection(name),
         uri=payload.uri,
         file_roots=network_file_roots(),
         content_type=payload.content_type,
@@ -89,9 +87,8 @@ def upload_documents(
 ) -> IngestOut:
     access = access_of(request)
     access.require(TokenScope.WRITE)
-    access.check_collection(name)
     report = document_ingest_uploads(
-        collection=collection_get(name=name),
+        collection=access.collection(name),
         uploads=files,
         content_type=form.content_type,
         metadata=form.metadata,
@@ -107,7 +104,7 @@ def upload_documents(
 def get_document(request: HttpRequest, doc_id: DocumentId, query: Query[DocumentGetQuery]) -> DocumentOut:
     access = access_of(request)
     access.require(TokenScope.READ)
-    document = visible_document(access, doc_id)
+    document = access.document(doc_id)
     return DocumentOut.of_document(
         document,
         chunks=document_chunks(document=document) if query.chunks else None,
@@ -123,7 +120,7 @@ def get_document(request: HttpRequest, doc_id: DocumentId, query: Query[Document
 def reingest_document(request: HttpRequest, doc_id: DocumentId) -> IngestItemOut:
     access = access_of(request)
     access.require(TokenScope.WRITE)
-    visible_document(access, doc_id)
+    access.document(doc_id)
     stored = document_reingest(doc_id=doc_id, file_roots=network_file_roots())
     return IngestItemOut.of_stored(stored)
 
@@ -136,7 +133,7 @@ def reingest_document(request: HttpRequest, doc_id: DocumentId) -> IngestItemOut
 def reembed_document(request: HttpRequest, doc_id: DocumentId) -> DocumentSummaryOut:
     access = access_of(request)
     access.require(TokenScope.WRITE)
-    visible_document(access, doc_id)
+    access.document(doc_id)
     return DocumentSummaryOut.of(document_reembed(doc_id=doc_id))
 
 
@@ -148,7 +145,7 @@ def reembed_document(request: HttpRequest, doc_id: DocumentId) -> DocumentSummar
 def delete_document(request: HttpRequest, doc_id: DocumentId) -> DocumentDeletedOut:
     access = access_of(request)
     access.require(TokenScope.WRITE)
-    visible_document(access, doc_id)
+    access.document(doc_id)
     document = document_delete(doc_id=doc_id)
     return DocumentDeletedOut(
         success=True, deleted_doc_id=document.id, source_uri=document.source_uri, collection=document.collection.name

@@ -9,12 +9,12 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Path, Schema
-from pydantic import ConfigDict, Field, Json, model_validator
+from pydantic import ConfigDict, Field, Json
 
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import COLLECTION_NAME_MAX_LENGTH, COLLECTION_NAME_PATTERN, Chunk, Collection, Document
 from kb.search import SearchResponse
-from kb.selectors import Stats
+from kb.selectors import MAX_OFFSET, Stats
 from kb.services.documents import StoredDocument
 from kb.services.ingest import IngestItem
 
@@ -35,36 +35,11 @@ CollectionName = Annotated[
 DocumentId = Annotated[
     str, Path(pattern=r"^[0-9A-Za-z]{26}$", description="Document ID (ULID)", example="01HRE4KXQN8Z3J2X5Y7A9B4C6D")
 ]
-# Offsets beyond this cannot page anywhere useful and would overflow Postgres' bigint.
-MAX_OFFSET = 1_000_000_000
-
-
-def _reject_unstorable(value: Any) -> None:
-    """Postgres text cannot hold NUL characters or lone surrogates: refuse them up front."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError("text must not contain NUL characters")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("text must be valid Unicode") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _reject_unstorable(key)
-            _reject_unstorable(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _reject_unstorable(item)
 
 
 class InputSchema(Schema):
+    # What the database can store is checked by the services (kb.storable), for every door alike.
     model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="after")
-    def _storable(self) -> "InputSchema":
-        # After parsing, so that JSON given as a string (upload metadata) is checked too.
-        _reject_unstorable(self.model_dump())
-        return self
 
 
 # --- errors -----------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from django.http import HttpRequest
 from ninja import Query, Router, Status
 
-from kb.api.auth import access_of
+from kb.api.auth import access_of, sees_health_details
 from kb.api.errors import with_errors
 from kb.api.schemas import HealthOut, SearchIn, SearchOut, StatsOut, StatsQuery
 from kb.errors import ErrorCode
@@ -61,7 +61,8 @@ def stats(request: HttpRequest, query: Query[StatsQuery]) -> StatsOut:
     auth=None,
     response={200: HealthOut, 503: HealthOut},
     summary="Whether the database, the broker and the embedding providers are reachable (no token needed)",
+    description="Anyone sees which checks pass; the details (versions, hosts, paths, errors) need admin access.",
 )
 def health(request: HttpRequest) -> Status[HealthOut]:
-    report = health_report()
+    report = health_report(detailed=sees_health_details(request))
     return Status(200 if report["status"] == "ok" else 503, HealthOut(**report))

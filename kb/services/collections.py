@@ -1,13 +1,11 @@
-import re
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
 from kb.errors import ErrorCode, KBError
-from kb.models import COLLECTION_NAME_MAX_LENGTH, COLLECTION_NAME_PATTERN, Chunk, Collection, Document
+from kb.models import COLLECTION_NAME_MAX_LENGTH, Chunk, Collection, Document, is_collection_name
 from kb.services.embedding_models import embedding_model_default, embedding_model_get_or_create
-
-_NAME_RE = re.compile(COLLECTION_NAME_PATTERN)
+from kb.storable import check_storable
 
 
 @dataclass(frozen=True)
@@ -18,14 +16,14 @@ class CollectionDeletion:
 
 
 def validate_collection_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise KBError(
-            ErrorCode.INVALID_ARGUMENT,
-            f"Invalid collection name {name!r}: use letters, digits, '-' and '_' only",
-        )
-    if len(name) > COLLECTION_NAME_MAX_LENGTH:
+    if isinstance(name, str) and len(name) > COLLECTION_NAME_MAX_LENGTH:
         raise KBError(
             ErrorCode.INVALID_ARGUMENT, f"Collection name is longer than {COLLECTION_NAME_MAX_LENGTH} characters"
+        )
+    if not is_collection_name(name):
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"Invalid collection name {str(name)[:120]!r}: use letters, digits, '-' and '_' only",
         )
     return name
 
@@ -57,6 +55,7 @@ def collection_create(
     semantic_weight: float | None = None,
 ) -> Collection:
     validate_collection_name(name)
+    check_storable(description, what="description")
     validate_chunk_settings(
         max_tokens=chunk_max_tokens, min_tokens=chunk_min_tokens, overlap_tokens=chunk_overlap_tokens
     )
@@ -109,28 +108,37 @@ def collection_update(
     semantic_weight: float | None = None,
     clear_semantic_weight: bool = False,
 ) -> Collection:
-    """Change descriptive, chunking and search settings. New chunk settings apply to later ingests."""
-    max_tokens = chunk_max_tokens if chunk_max_tokens is not None else collection.chunk_max_tokens
-    min_tokens = chunk_min_tokens if chunk_min_tokens is not None else collection.chunk_min_tokens
-    overlap = chunk_overlap_tokens if chunk_overlap_tokens is not None else collection.chunk_overlap_tokens
-    validate_chunk_settings(max_tokens=max_tokens, min_tokens=min_tokens, overlap_tokens=overlap)
+    """Change descriptive, chunking and search settings. New chunk settings apply to later ingests.
+
+    Only the settings given are written, to the row as it is now (locked): a concurrent change
+    of other fields (a model switch finishing in the worker, another curator's edit) is kept."""
+    if description is not None:
+        check_storable(description, what="description")
     validate_semantic_weight(semantic_weight)
     if search_top_k is not None and not 1 <= search_top_k <= 100:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "search top_k must be between 1 and 100")
-    if description is not None:
-        collection.description = description
-    collection.chunk_max_tokens, collection.chunk_min_tokens, collection.chunk_overlap_tokens = (
-        max_tokens,
-        min_tokens,
-        overlap,
-    )
-    if search_top_k is not None:
-        collection.search_top_k = search_top_k
-    if search_hybrid is not None:
-        collection.search_hybrid = search_hybrid
+    changes: dict[str, object] = {
+        "description": description,
+        "chunk_max_tokens": chunk_max_tokens,
+        "chunk_min_tokens": chunk_min_tokens,
+        "chunk_overlap_tokens": chunk_overlap_tokens,
+        "search_top_k": search_top_k,
+        "search_hybrid": search_hybrid,
+    }
+    changes = {name: value for name, value in changes.items() if value is not None}
     if semantic_weight is not None or clear_semantic_weight:
-        collection.semantic_weight = semantic_weight
-    collection.save()
+        changes["semantic_weight"] = semantic_weight
+    with transaction.atomic():
+        current = Collection.objects.select_for_update().get(pk=collection.pk)
+        for name, value in changes.items():
+            setattr(current, name, value)
+        validate_chunk_settings(
+            max_tokens=current.chunk_max_tokens,
+            min_tokens=current.chunk_min_tokens,
+            overlap_tokens=current.chunk_overlap_tokens,
+        )
+        current.save(update_fields=[*changes, "updated_at"])
+    collection.refresh_from_db()
     return collection
 
 

@@ -19,6 +19,7 @@ from kb.errors import ErrorCode, KBError
 from kb.ingestion.chunking import ChunkDraft, ChunkSettings, chunk_text, content_hash, count_tokens
 from kb.ingestion.formats import ParsedDocument, validate_content_type
 from kb.models import Chunk, Collection, Document, DocumentStatus
+from kb.storable import check_storable
 
 Outcome = Literal["created", "updated", "unchanged"]
 MAX_SOURCE_URI_LENGTH = 4096
@@ -87,6 +88,7 @@ def document_save(
     text is chunked with the collection's settings here, before any lock is taken.
     """
     _validate_source_uri(source_uri)
+    check_storable([parsed.title, metadata], what="title and metadata")
     if drafts is None:
         drafts = chunk_text(
             parsed.text, content_type=parsed.content_type, settings=chunk_settings_of(collection), pages=parsed.pages
@@ -94,11 +96,12 @@ def document_save(
     if not drafts:
         raise KBError(ErrorCode.LOAD_FAILED, f"No text to index in {source_uri}")
     _check_chunk_sizes(drafts)
+    check_storable([draft.content for draft in drafts], what="text")
     merged_metadata = {**parsed.metadata, **(metadata or {}), "file_size": size_bytes, "ingestion_date": time.time()}
     fields = _content_fields(parsed, source_hash, size_bytes, merged_metadata, chunk_count=len(drafts))
     with transaction.atomic():
-        # A new document is inserted with its content in one statement; an existing one is locked,
-        # so concurrent ingests of one source queue up here and the second sees the first's hash.
+        # Concurrent writes of one source queue up here, and the second sees the first's hash.
+        source_lock(collection=collection, source_uri=source_uri)
         document, created = Document.objects.select_for_update().get_or_create(
             collection=collection, source_uri=source_uri, defaults=fields
         )
@@ -118,6 +121,20 @@ def document_save(
 
             enqueue_embedding(document.id)
     return StoredDocument(document=document, outcome="created" if created else "updated", chunks_reused=reused)
+
+
+def source_lock(*, collection: Collection, source_uri: str) -> None:
+    """Serialise every write to the document of one source until the transaction ends.
+
+    A row lock cannot do it alone: the document may not exist yet, and a writer that merges new
+    chunks into the stored ones (document_store_chunks) must read them under the same lock it
+    writes under, or two concurrent batches each keep only their own chunks. The lock is held
+    per (collection, source URI); a hash collision only makes two writers wait for each other.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("source_lock() needs a transaction")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"{collection.pk}:{source_uri}"])
 
 
 def _chunk(document: Document, collection: Collection, draft: ChunkDraft) -> Chunk:
@@ -176,6 +193,7 @@ def pending_requeue_deadline() -> Any:
 def _validate_source_uri(source_uri: str) -> None:
     if not source_uri or not source_uri.strip():
         raise KBError(ErrorCode.INVALID_URI, "The source URI is empty")
+    check_storable(source_uri, what="source URI")
     if len(source_uri) > MAX_SOURCE_URI_LENGTH:
         raise KBError(ErrorCode.INVALID_URI, f"The source URI is longer than {MAX_SOURCE_URI_LENGTH} characters")
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from django.conf import settings
 from django.core.files import File
+from django.db import transaction
 
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import ParsedDocument, detect_content_type, parse
@@ -28,7 +29,8 @@ from kb.ingestion.sources import (
 )
 from kb.models import Collection, Document
 from kb.selectors import document_get
-from kb.services.documents import StoredDocument, document_save, drafts_from_chunks
+from kb.services.collections import collection_get_or_create
+from kb.services.documents import StoredDocument, document_save, drafts_from_chunks, source_lock
 
 ItemOutcome = Literal["created", "updated", "unchanged", "failed"]
 
@@ -68,8 +70,16 @@ class ChunkInput:
 
 
 def command_line_file_roots() -> list[Path]:
-    """file:// roots for local callers (commands, stdio MCP): KB_FILE_ROOTS, else the current directory."""
+    """file:// roots for kb_ingest, whose operator types the paths: KB_FILE_ROOTS, else the current directory."""
     return [Path(root) for root in settings.KB_FILE_ROOTS] or [Path.cwd()]
+
+
+def stdio_server_file_roots(given: Sequence[Path] = ()) -> list[Path]:
+    """file:// roots for the stdio MCP server: KB_FILE_ROOTS and the roots it was started with (``--file-root``).
+
+    Never its working directory: a desktop client starts it from anywhere, often ``/``, and the
+    agent it serves should not read the whole disk. Without either, file:// is refused."""
+    return [Path(root) for root in settings.KB_FILE_ROOTS] + list(given)
 
 
 def network_file_roots() -> list[Path]:
@@ -198,7 +208,8 @@ def document_store_chunks(
     metadata: dict[str, Any] | None = None,
 ) -> StoredDocument:
     """Store caller-made chunks as given. Chunks of the same source stored earlier are kept,
-    except those with an index given again, which are replaced (batches can be sent one by one)."""
+    except those with an index given again, which are replaced (batches can be sent one by one,
+    or at the same time: each batch merges into what the one before it stored)."""
     if not chunks:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "No chunks to store")
     for chunk in chunks:
@@ -207,23 +218,50 @@ def document_store_chunks(
         if chunk.index < 0:
             raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk index {chunk.index} is negative")
     _check_metadata(metadata)
-    by_index = _existing_chunks(collection, source_uri)
-    by_index.update({chunk.index: (chunk.text, chunk.metadata) for chunk in chunks})
-    text, drafts = drafts_from_chunks([(index, *by_index[index]) for index in sorted(by_index)])
-    parsed = ParsedDocument(text=text, content_type="plain_text", title=title, metadata={})
-    return document_save(
-        collection=collection,
-        source_uri=source_uri,
-        parsed=parsed,
-        source_hash=source_hash(text.encode("utf-8"), "chunks"),
-        size_bytes=len(text.encode("utf-8")),
-        metadata=metadata,
-        drafts=drafts,
-    )
+    with transaction.atomic():
+        source_lock(collection=collection, source_uri=source_uri)
+        stored = Document.objects.filter(collection=collection, source_uri=source_uri).first()
+        by_index = _stored_chunks(stored)
+        by_index.update({chunk.index: (chunk.text, chunk.metadata) for chunk in chunks})
+        text, drafts = drafts_from_chunks([(index, *by_index[index]) for index in sorted(by_index)])
+        parsed = ParsedDocument(text=text, content_type="plain_text", title=title, metadata={})
+        return document_save(
+            collection=collection,
+            source_uri=source_uri,
+            parsed=parsed,
+            source_hash=source_hash(text.encode("utf-8"), "chunks"),
+            size_bytes=len(text.encode("utf-8")),
+            # Metadata of earlier batches is kept; this batch's values win.
+            metadata={**(stored.metadata if stored else {}), **(metadata or {})},
+            drafts=drafts,
+        )
 
 
-def _existing_chunks(collection: Collection, source_uri: str) -> dict[int, tuple[str, dict[str, Any]]]:
-    document = Document.objects.filter(collection=collection, source_uri=source_uri).first()
+def document_store_chunk_batch(*, collection_name: str, chunks: Sequence[ChunkInput], sources: Sequence[str]) -> int:
+    """Chunks of several sources (``sources[i]`` is the source of ``chunks[i]``), one document per
+    source, into a collection created when missing; all or nothing. A source's metadata is the
+    union of its chunks' metadata. Sources are locked in sorted order, so two batches naming the
+    same sources cannot deadlock."""
+    by_source: dict[str, list[ChunkInput]] = {}
+    for chunk, source in zip(chunks, sources, strict=True):
+        by_source.setdefault(source, []).append(chunk)
+    with transaction.atomic():
+        collection = collection_get_or_create(name=collection_name)
+        for source in sorted(by_source):
+            metadata: dict[str, Any] = {}
+            for chunk in by_source[source]:
+                metadata.update(chunk.metadata)
+            document_store_chunks(
+                collection=collection,
+                source_uri=source,
+                chunks=by_source[source],
+                title=str(metadata.get("title") or ""),
+                metadata=metadata,
+            )
+    return len(chunks)
+
+
+def _stored_chunks(document: Document | None) -> dict[int, tuple[str, dict[str, Any]]]:
     if document is None:
         return {}
     stored = document.chunks.values_list("index", "content", "metadata")

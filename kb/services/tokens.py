@@ -45,6 +45,7 @@ def token_create(
             scope=scope,
             created_by=created_by,
             expires_at=expires_at,
+            limited_to_collections=bool(found),
         )
         token.collections.set(found)
     return token, raw
@@ -66,7 +67,8 @@ def token_authenticate(*, raw: str) -> ApiToken:
     raw = (raw or "").strip()
     try:
         token = ApiToken.objects.prefetch_related("collections").get(key_hash=hash_token(raw))
-    except ApiToken.DoesNotExist:
+    # A lone surrogate cannot be hashed as UTF-8: no token has it.
+    except (ApiToken.DoesNotExist, UnicodeEncodeError):
         raise KBError(ErrorCode.UNAUTHORIZED, "Invalid API token") from None
     now = timezone.now()
     if token.revoked_at is not None:

@@ -12,13 +12,14 @@ from typing_extensions import TypedDict
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.ingestion_status import ingestion_status
+from kb.models import COLLECTION_NAME_PATTERN, TokenScope
 from kb.search import search
-from kb.selectors import collection_get, collection_list, document_chunks, document_list, kb_stats
+from kb.selectors import collection_list, document_chunks, document_list, kb_stats
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
 from kb.services.ingest import document_ingest
 from mcp_endpoint.budget import fit_list, fit_texts
-from mcp_endpoint.caller import current_access, current_caller, visible_document
+from mcp_endpoint.caller import current_access, current_caller
 from mcp_endpoint.servers import prompts, resources
 from mcp_endpoint.servers.rag_shapes import (
     CollectionSummary,
@@ -56,7 +57,7 @@ CollectionName = Annotated[str, Field(description="Collection name (letters, dig
 DocId = Annotated[str, Field(description="Document ID (ULID), as returned by rag_ingest or rag_search's 'source'")]
 
 
-@service_tool()
+@service_tool(TokenScope.READ)
 def rag_search(
     query: Annotated[str, Field(description="The search query: natural language works best")],
     collection: Annotated[
@@ -98,7 +99,6 @@ def rag_search(
     with Reciprocal Rank Fusion. Each result has the chunk text, its document ('source' is the document
     ID, 'source_uri' where it came from), collection and line range (metadata.lines) to cite."""
     access = current_access()
-    access.require("read")
     response = search(
         query=query,
         collections=access.search_collections([collection] if collection is not None else None),
@@ -116,7 +116,7 @@ def rag_search(
     return output
 
 
-@service_tool()
+@service_tool(TokenScope.WRITE)
 def rag_ingest(
     uri: Annotated[
         str,
@@ -139,10 +139,8 @@ def rag_ingest(
     The document is keyword-searchable at once and semantically searchable once embedded: follow it
     with rag_ingestion_status."""
     caller = current_caller()
-    caller.access.require("write")
-    caller.access.check_collection(collection)
     report = document_ingest(
-        collection=collection_get(name=collection),
+        collection=caller.access.collection(collection),
         uri=uri,
         file_roots=caller.file_roots(),
         content_type=content_type,
@@ -160,11 +158,10 @@ class DeleteOutput(TypedDict):
     collection: str
 
 
-@service_tool()
+@service_tool(TokenScope.WRITE)
 def rag_delete(doc_id: DocId) -> DeleteOutput:
     """Delete a document with its chunks and embeddings."""
-    current_access().require("write")
-    visible_document(doc_id)
+    current_access().document(doc_id)
     document = document_delete(doc_id=doc_id)
     return DeleteOutput(
         success=True, deleted_doc_id=document.pk, source_uri=document.source_uri, collection=document.collection.name
@@ -176,11 +173,10 @@ class CollectionsOutput(TypedDict):
     total: int
 
 
-@service_tool()
+@service_tool(TokenScope.READ)
 def rag_list_collections() -> CollectionsOutput:
     """List the collections with their document and chunk counts (created_at in Unix milliseconds)."""
     access = current_access()
-    access.require("read")
     collections = [collection_summary(c) for c in collection_list() if access.can_see(c.name)]
     return CollectionsOutput(collections=collections, total=len(collections))
 
@@ -193,7 +189,7 @@ class DocumentsOutput(TypedDict):
     limit: int
 
 
-@service_tool()
+@service_tool(TokenScope.READ)
 def rag_list_documents(
     collection: CollectionName,
     limit: Annotated[int, Field(ge=1, le=1000, description="Maximum documents to return")] = 100,
@@ -203,10 +199,8 @@ def rag_list_documents(
     ] = None,
 ) -> DocumentsOutput:
     """List the documents of a collection, oldest first."""
-    access = current_access()
-    access.require("read")
-    access.check_collection(collection)
-    documents = document_list(collection=collection_get(name=collection), limit=limit, offset=offset, status=status)
+    collection_row = current_access().collection(collection)
+    documents = document_list(collection=collection_row, limit=limit, offset=offset, status=status)
     summaries = [document_summary(document) for document in documents]
     return DocumentsOutput(collection=collection, documents=summaries, count=len(summaries), offset=offset, limit=limit)
 
@@ -218,17 +212,16 @@ class CreatedCollection(TypedDict):
     uuid: str
 
 
-@service_tool()
+@service_tool(TokenScope.WRITE)
 def rag_create_collection(
     name: Annotated[
         str,
-        Field(description="Collection name (alphanumeric, hyphens, underscores)", pattern=r"^[a-zA-Z0-9_-]+$"),
+        Field(description="Collection name (alphanumeric, hyphens, underscores)", pattern=COLLECTION_NAME_PATTERN),
     ],
     description: Annotated[str, Field(description="Optional description")] = "",
 ) -> CreatedCollection:
     """Create a new, empty collection."""
     access = current_access()
-    access.require("write")
     access.require_unrestricted("create collections")
     collection = collection_create(name=name, description=description)
     return CreatedCollection(
@@ -248,14 +241,13 @@ class StatsOutput(TypedDict):
     failed: int
 
 
-@service_tool()
+@service_tool(TokenScope.READ)
 def rag_stats(
     collection: Annotated[str | None, Field(description="Optional collection to filter stats")] = None,
 ) -> StatsOutput:
     """Statistics of the knowledge base, or of one collection: documents, chunks, embeddings, storage size,
     and documents still waiting for embedding."""
     access = current_access()
-    access.require("read")
     if collection is None:
         access.require_unrestricted("see statistics of the whole knowledge base")
     else:
@@ -270,7 +262,7 @@ class CollectionDeleted(TypedDict):
     chunks_deleted: int
 
 
-@service_tool()
+@service_tool(TokenScope.ADMIN)
 def rag_delete_collection(
     name: CollectionName,
     confirm: Annotated[
@@ -279,7 +271,6 @@ def rag_delete_collection(
 ) -> CollectionDeleted:
     """Delete a collection with all its documents, chunks and embeddings. Requires confirm: true."""
     access = current_access()
-    access.require("admin")
     access.check_collection(name)
     if not confirm:
         raise KBError(
@@ -305,7 +296,7 @@ class DocumentOutput(DocumentDetail):
     truncated: bool
 
 
-@service_tool()
+@service_tool(TokenScope.READ)
 def rag_get_document(
     doc_id: DocId,
     include_content: Annotated[bool, Field(description="Include the document's full text")] = False,
@@ -313,8 +304,7 @@ def rag_get_document(
 ) -> DocumentOutput:
     """A document's metadata, ingestion status and chunk count; its text and chunks on request (long
     texts are cut to the response budget, visibly)."""
-    current_access().require("read")
-    document = visible_document(doc_id)
+    document = current_access().document(doc_id)
     chunks = None
     if include_chunks:
         chunks = [
@@ -338,17 +328,15 @@ class IngestionStatusOutput(TypedDict):
     documents: list[DocumentProgress]
 
 
-@service_tool()
+@service_tool(TokenScope.READ)
 def _ingestion_progress(doc_ids: list[str] | None, collection: str | None) -> IngestionStatusOutput:
     access = current_access()
-    access.require("read")
     if collection is not None:
-        access.check_collection(collection)
-        status = ingestion_status(collection=collection_get(name=collection))
+        status = ingestion_status(collection=access.collection(collection))
     else:
         if doc_ids is not None:
             for doc_id in doc_ids:
-                visible_document(doc_id)
+                access.document(doc_id)
         status = ingestion_status(doc_ids=doc_ids)
     documents = [document_progress(document) for document in status.documents]
     return IngestionStatusOutput(done=status.done, counts=status.counts, documents=documents)

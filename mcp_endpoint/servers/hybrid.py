@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import Field
 from typing_extensions import TypedDict
 
+from kb.models import TokenScope
 from kb.search import search
 from mcp_endpoint.budget import fit_list
 from mcp_endpoint.caller import current_access
@@ -25,7 +26,7 @@ class HybridHit(TypedDict):
     text_rank: int | None
 
 
-@service_tool(on_error=raise_tool_error)
+@service_tool(TokenScope.READ, on_error=raise_tool_error)
 def search_documents(
     query: Annotated[str, Field(description="The search query text to find relevant documents")],
     top_k: Annotated[int, Field(description="The maximum number of results to return")] = 3,
@@ -33,7 +34,6 @@ def search_documents(
     """Perform hybrid search on indexed documents: vector similarity and keyword matching combined with
     Reciprocal Rank Fusion. Returns the matching documents ordered by relevance."""
     access = current_access()
-    access.require("read")
     response = search(
         query=query,
         collections=access.search_collections(None),

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from kb.errors import ErrorCode, KBError
+from kb.models import TokenScope
 from kb.search import SearchResult, search
 from kb.services.collections import collection_get_or_create
 from kb.services.documents import document_create_from_text
@@ -32,7 +33,7 @@ def metadata_object(metadata: dict[str, Any] | str | None) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"metadata": metadata}
 
 
-@service_tool(on_error=raise_tool_error)
+@service_tool(TokenScope.WRITE, on_error=raise_tool_error)
 def Inject(
     text: Annotated[str, Field(description="The text to add to the knowledge base")],
     metadata: Annotated[
@@ -42,7 +43,6 @@ def Inject(
 ) -> str:
     """Accepts text, generates its embeddings and stores it in the knowledge base."""
     access = current_access()
-    access.require("write")
     access.check_collection(INJECT_COLLECTION)
     if not text.strip():
         raise KBError(ErrorCode.INVALID_ARGUMENT, "The text is empty")
@@ -61,11 +61,10 @@ def passage(result: SearchResult, content: str) -> str:
     return f"[{result.rank}] {result.title or result.source_uri} (similarity {result.similarity or 0.0:.3f})\n{content}"
 
 
-@service_tool(on_error=raise_tool_error)
+@service_tool(TokenScope.READ, on_error=raise_tool_error)
 def Query(query: Annotated[str, Field(description="What to look for")]) -> str:
     """Accepts a query string and returns the five most similar passages of the knowledge base."""
     access = current_access()
-    access.require("read")
     response = search(query=query, collections=access.search_collections(None), top_k=QUERY_TOP_K, mode="semantic")
     if not response.results:
         return "No relevant documents found."

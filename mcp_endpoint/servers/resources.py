@@ -12,9 +12,9 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
 from kb.errors import ErrorCode, KBError
-from kb.selectors import collection_get, collection_list, document_chunks, document_list
+from kb.selectors import collection_list, document_chunks, document_list
 from mcp_endpoint.budget import drop_to_fit, fit_texts
-from mcp_endpoint.caller import current_access, visible_document
+from mcp_endpoint.caller import current_access
 from mcp_endpoint.servers.rag_shapes import collection_settings, document_detail, millis
 from mcp_endpoint.tooling import in_thread
 
@@ -60,8 +60,7 @@ def all_collections() -> list[dict[str, Any]]:
 def one_collection(name: str) -> dict[str, Any]:
     access = current_access()
     access.require("read")
-    access.check_collection(name)
-    collection = collection_get(name=name)
+    collection = access.collection(name)
     documents = [
         {"id": document.pk, "source_uri": document.source_uri, "content_type": document.content_type}
         for document in document_list(collection=collection, limit=MAX_DOCUMENTS_LISTED)
@@ -81,8 +80,9 @@ def one_collection(name: str) -> dict[str, Any]:
 
 @json_resource
 def one_document(id: str) -> dict[str, Any]:
-    current_access().require("read")
-    document = visible_document(id)
+    access = current_access()
+    access.require("read")
+    document = access.document(id)
     chunks = [
         {
             "id": chunk.pk,

@@ -13,15 +13,15 @@ Each ``source_filename`` becomes one document (its source URI), its chunks store
 import logging
 from typing import Annotated, Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from pydantic import Field
 from typing_extensions import TypedDict
 
 from kb.errors import ErrorCode, KBError
+from kb.models import TokenScope
 from kb.search import SearchResult, search
 from kb.selectors import collection_list
-from kb.services.collections import collection_get_or_create
-from kb.services.ingest import ChunkInput, document_store_chunks
+from kb.services.ingest import ChunkInput, document_store_chunk_batch
 from mcp_endpoint.budget import fit_list
 from mcp_endpoint.caller import current_access
 from mcp_endpoint.servers.rag_shapes import file_name
@@ -55,7 +55,7 @@ def retrieved_chunk(result: SearchResult) -> RetrievedChunk:
     )
 
 
-@service_tool(on_error=raise_tool_error)
+@service_tool(TokenScope.READ, on_error=raise_tool_error)
 def retrieve_document_chunks(
     query: Annotated[str, Field(description="The search query text")],
     top_k: Annotated[int, Field(description="Number of top results to return")] = 5,
@@ -65,7 +65,6 @@ def retrieve_document_chunks(
 ) -> list[RetrievedChunk]:
     """Searches the document knowledge base for text chunks semantically similar to a query."""
     access = current_access()
-    access.require("read")
     response = search(
         query=query,
         collections=access.search_collections([collection] if collection is not None else None),
@@ -97,34 +96,17 @@ def chunk_problem(position: int, chunk: dict[str, Any]) -> str | None:
     return None
 
 
-def store_by_source(collection_name: str, chunks: list[dict[str, Any]]) -> None:
-    """One document per source file, all or nothing."""
-    by_source: dict[str, list[dict[str, Any]]] = {}
-    for chunk in chunks:
-        by_source.setdefault(chunk["source_filename"], []).append(chunk)
-    with transaction.atomic():
-        collection = collection_get_or_create(name=collection_name)
-        for source, source_chunks in by_source.items():
-            metadata: dict[str, Any] = {}
-            for chunk in source_chunks:
-                metadata.update(chunk.get("metadata") or {})
-            document_store_chunks(
-                collection=collection,
-                source_uri=source,
-                chunks=[ChunkInput(c["chunk_index"], c["text"], c.get("metadata") or {}) for c in source_chunks],
-                title=str(metadata.get("title") or ""),
-                metadata=metadata,
-            )
-
-
 def _store(chunks: list[dict[str, Any]], collection: str) -> StoreResult:
     access = current_access()
-    access.require("write")
     access.check_collection(collection)
     problems = [problem for position, chunk in enumerate(chunks) if (problem := chunk_problem(position, chunk))]
     if problems or not chunks:
         raise KBError(ErrorCode.INVALID_ARGUMENT, problems[0] if problems else "No chunks to store")
-    store_by_source(collection, chunks)
+    document_store_chunk_batch(
+        collection_name=collection,
+        chunks=[ChunkInput(c["chunk_index"], c["text"], c.get("metadata") or {}) for c in chunks],
+        sources=[c["source_filename"] for c in chunks],
+    )
     return StoreResult(
         success=True,
         chunks_stored=len(chunks),
@@ -133,7 +115,12 @@ def _store(chunks: list[dict[str, Any]], collection: str) -> StoreResult:
     )
 
 
-@service_tool()
+def _store_refused(error: KBError) -> StoreResult:
+    return StoreResult(success=False, chunks_stored=0, collection="", message=f"Error: {error.message}")
+
+
+# SciRAG's store never raises, not even for a token without write access.
+@service_tool(TokenScope.WRITE, on_error=_store_refused)
 def store_document_chunks(
     chunks: Annotated[
         list[dict[str, Any]],
@@ -157,11 +144,10 @@ def store_document_chunks(
     return StoreResult(success=False, chunks_stored=0, collection=collection, message=message)
 
 
-@service_tool(on_error=lambda error: [])
+@service_tool(TokenScope.READ, on_error=lambda error: [])
 def list_collections() -> list[str]:
     """Lists all available document collections in the vectorstore."""
     access = current_access()
-    access.require("read")
     return [collection.name for collection in collection_list() if access.can_see(collection.name)]
 
 

@@ -12,14 +12,14 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from kb.errors import ErrorCode, KBError
-from kb.models import Collection, Document
+from kb.models import Collection, Document, TokenScope
 from kb.search import search
 from kb.selectors import collection_get_by_uuid, collection_list, document_list
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
 from kb.services.ingest import document_ingest
 from mcp_endpoint.budget import fit_list
-from mcp_endpoint.caller import current_access, visible_document
+from mcp_endpoint.caller import current_access
 from mcp_endpoint.tooling import (
     CREATING,
     DESTRUCTIVE,
@@ -72,7 +72,7 @@ def document_json(document: Document) -> dict[str, Any]:
     }
 
 
-@service_tool(on_error=raise_tool_error)
+@service_tool(TokenScope.READ, on_error=raise_tool_error)
 def search_rag(
     collectionId: CollectionId,
     query: Annotated[str, Field(min_length=1, description="What to search for")],
@@ -80,7 +80,6 @@ def search_rag(
     min_similarity: Annotated[float, Field(ge=0.0, le=1.0, description="Lowest cosine similarity to return")] = 0.5,
 ) -> str:
     """Search the RAG knowledge base for relevant information and return matching chunks with citations."""
-    current_access().require("read")
     collection = visible_collection(collectionId)
     response = search(
         query=query, collections=[collection.name], top_k=top_k, mode="semantic", min_similarity=min_similarity
@@ -102,43 +101,39 @@ def search_rag(
     return json_text(payload)
 
 
-@service_tool(on_error=raise_tool_error)
+@service_tool(TokenScope.READ, on_error=raise_tool_error)
 def list_collections() -> str:
     """Lists all available document collections."""
     access = current_access()
-    access.require("read")
     collections = [collection_json(c, c.document_total) for c in collection_list() if access.can_see(c.name)]
     return json_text({"collections": collections})
 
 
-@service_tool(on_error=raise_tool_error)
+@service_tool(TokenScope.READ, on_error=raise_tool_error)
 def list_documents(collection_id: CollectionId) -> str:
     """Lists all documents within a given collection."""
-    current_access().require("read")
     collection = visible_collection(collection_id)
     documents = document_list(collection=collection, limit=1000)
     return json_text({"collection_id": collection_id, "documents": [document_json(d) for d in documents]})
 
 
-@service_tool(on_error=raise_tool_error)
+@service_tool(TokenScope.WRITE, on_error=raise_tool_error)
 def create_collection(
     name: Annotated[str, Field(description="Collection name (letters, digits, '-' and '_')")],
     description: Annotated[str, Field(description="What the collection holds")],
 ) -> str:
     """Creates a new, empty collection."""
     access = current_access()
-    access.require("write")
     access.require_unrestricted("create collections")
     return json_text({"collection": collection_json(collection_create(name=name, description=description), 0)})
 
 
-@service_tool(on_error=raise_tool_error)
+@service_tool(TokenScope.WRITE, on_error=raise_tool_error)
 def fetch_and_add_document_from_url(
     url: Annotated[str, Field(description="A public http(s) URL")],
     collection_id: CollectionId,
 ) -> str:
     """Fetches content from a public URL and ingests it as a new document."""
-    current_access().require("write")
     if not url.startswith(("http://", "https://")):
         raise KBError(ErrorCode.INVALID_URI, f"Not an http(s) URL: {url[:200]}")
     collection = visible_collection(collection_id)
@@ -146,20 +141,18 @@ def fetch_and_add_document_from_url(
     return json_text({"document": document_json(item.document), "outcome": item.outcome})
 
 
-@service_tool(on_error=raise_tool_error)
+@service_tool(TokenScope.WRITE, on_error=raise_tool_error)
 def delete_document(doc_id: Annotated[str, Field(description="The document ID")], confirm: Confirm) -> str:
     """Deletes a document and its associated data. Requires confirmation flag."""
-    current_access().require("write")
-    visible_document(doc_id)
+    current_access().document(doc_id)
     require_confirmation(confirm, f"document {doc_id}")
     document = document_delete(doc_id=doc_id)
     return json_text({"success": True, "deleted": {"id": document.pk, "title": document.title}})
 
 
-@service_tool(on_error=raise_tool_error)
+@service_tool(TokenScope.ADMIN, on_error=raise_tool_error)
 def delete_collection(collection_id: CollectionId, confirm: Confirm) -> str:
     """Deletes an entire collection. Requires confirmation flag. Use with caution."""
-    current_access().require("admin")
     collection = visible_collection(collection_id)
     require_confirmation(confirm, f"collection {collection.name}")
     deletion = collection_delete(name=collection.name)

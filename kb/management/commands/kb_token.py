@@ -5,7 +5,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
 from kb.management.base import KBCommand
-from kb.models import ApiToken, TokenScope
+from kb.models import TokenScope
 from kb.selectors import token_list
 from kb.services.tokens import token_create, token_revoke
 
@@ -47,8 +47,8 @@ class Command(KBCommand):
 
     def _list(self, **options: Any) -> None:
         rows = [
-            (token.prefix, token.name, token.scope, ",".join(c.name for c in token.collections.all()) or "(all)",
-             token.created_at, token.last_used_at, token.expires_at, _state(token))
+            (token.prefix, token.name, token.scope, token.collections_label(),
+             token.created_at, token.last_used_at, token.expires_at, token.state)
             for token in token_list()
         ]  # fmt: skip
         self.write_table(("PREFIX", "NAME", "SCOPE", "COLLECTIONS", "CREATED", "LAST USED", "EXPIRES", "STATE"), rows)
@@ -56,11 +56,3 @@ class Command(KBCommand):
     def _revoke(self, prefix: str, **options: Any) -> None:
         token = token_revoke(prefix=prefix.removeprefix("kb_"))
         self.stdout.write(f"Revoked token {token.prefix} ({token.name}).")
-
-
-def _state(token: ApiToken) -> str:
-    if token.revoked_at:
-        return "revoked"
-    if token.expires_at and token.expires_at <= timezone.now():
-        return "expired"
-    return "active"

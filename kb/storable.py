@@ -1,0 +1,53 @@
+"""What Postgres can store and our searches can use, checked once for every door.
+
+Text columns cannot hold NUL characters, UTF-8 cannot encode lone surrogates, jsonb has no NaN
+or Infinity, and integers past 64 bits overflow bigint columns (and, past 4,300 digits, Python's
+own JSON encoder); a value nested without end would exhaust the stack of whatever walks it next.
+Services call ``check_storable`` on everything a caller gave them before they write or query, so
+the REST API, MCP and the admin give the same INVALID_ARGUMENT to the same input instead of a
+database error.
+"""
+
+import math
+from typing import Any
+
+from kb.errors import ErrorCode, KBError
+
+MAX_NESTING = 32
+
+
+def check_storable(value: Any, *, what: str) -> None:
+    problem = _problem(value, depth=0)
+    if problem:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"{what}: {problem}")
+
+
+def _problem(value: Any, *, depth: int) -> str | None:
+    if depth > MAX_NESTING:
+        return f"nested more than {MAX_NESTING} levels deep"
+    if isinstance(value, str):
+        return _text_problem(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "numbers must be finite (no NaN or Infinity)"
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        return "integers must fit in 64 bits"
+    if isinstance(value, dict):
+        items: list[Any] = [item for pair in value.items() for item in pair]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        return None
+    for item in items:
+        if problem := _problem(item, depth=depth + 1):
+            return problem
+    return None
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "text must not contain NUL characters"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "text must be valid Unicode (no lone surrogates)"
+    return None
