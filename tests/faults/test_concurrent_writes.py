@@ -1,0 +1,120 @@
+"""No lost writes: concurrent batches of chunks for one source all keep their chunks, through the
+service from many threads (each with its own database connection) and through a real MCP server
+from many clients at once, as SciRAG's store_document_chunks is used."""
+
+import threading
+
+import anyio
+import pytest
+from django.db import connection
+
+from kb.models import Chunk, Collection, Document
+from kb.services.collections import collection_create, collection_update
+from kb.services.ingest import ChunkInput, document_store_chunks
+from tests.support.mcp_client import committed_db, http_session, structured, tool_threads  # noqa: F401
+from tests.support.mcp_server import uvicorn_server
+
+pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
+
+WRITERS = 20
+
+
+def run_at_once(count: int, work) -> list[BaseException]:
+    """``work(i)`` in ``count`` threads released together; the errors they raised."""
+    start = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            start.wait(timeout=30)
+            work(index)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return errors
+
+
+def test_concurrent_batches_for_one_source_keep_every_chunk():
+    collection = collection_create(name="notes")
+
+    def store(index: int) -> None:
+        document_store_chunks(
+            collection=collection,
+            source_uri="paper.pdf",
+            chunks=[ChunkInput(index, f"Finding number {index} about turbulence.", {"batch": index})],
+            metadata={f"batch_{index}": True},
+        )
+
+    assert run_at_once(WRITERS, store) == []
+    document = Document.objects.get(source_uri="paper.pdf")
+    assert sorted(Chunk.objects.filter(document=document).values_list("index", flat=True)) == list(range(WRITERS))
+    assert document.chunk_count == WRITERS
+    assert all(document.metadata[f"batch_{index}"] for index in range(WRITERS))
+
+
+def test_a_batch_that_repeats_an_index_replaces_only_that_chunk():
+    collection = collection_create(name="replace")
+    first = [ChunkInput(index, f"First version of part {index}.") for index in range(3)]
+    document_store_chunks(collection=collection, source_uri="s.txt", chunks=first)
+    document_store_chunks(
+        collection=collection, source_uri="s.txt", chunks=[ChunkInput(1, "Second version of part 1.")]
+    )
+    stored = dict(Chunk.objects.filter(document__source_uri="s.txt").values_list("index", "content"))
+    assert stored == {0: "First version of part 0.", 1: "Second version of part 1.", 2: "First version of part 2."}
+
+
+def test_concurrent_settings_changes_keep_each_others_fields():
+    collection = collection_create(name="settings")
+    changes = [{"description": "described"}, {"search_top_k": 7}, {"search_hybrid": False}, {"semantic_weight": 0.3}]
+
+    def update(index: int) -> None:
+        # Each writer holds its own stale copy of the row, as the admin and the API do.
+        collection_update(collection=Collection.objects.get(pk=collection.pk), **changes[index])
+
+    assert run_at_once(len(changes), update) == []
+    collection.refresh_from_db()
+    assert (collection.description, collection.search_top_k, collection.search_hybrid, collection.semantic_weight) == (
+        "described", 7, False, 0.3
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server_url(django_db_setup, tmp_path_factory):
+    with uvicorn_server(tmp_path_factory.mktemp("uvicorn"), {}) as url:
+        yield url
+
+
+def test_concurrent_scirag_clients_storing_chunks_of_one_file_lose_none(server_url):
+    async def store(index: int) -> dict:
+        async with http_session(f"{server_url}/profiles/scirag/mcp") as session:
+            chunk = {
+                "text": f"Observation {index} on boundary layers.",
+                "source_filename": "run.pdf",
+                "chunk_index": index,
+            }
+            return structured(
+                await session.call_tool("store_document_chunks", {"chunks": [chunk], "collection": "lab"})
+            )
+
+    async def run() -> list[dict]:
+        results: list[dict] = [{}] * WRITERS
+
+        async def one(index: int) -> None:
+            results[index] = await store(index)
+
+        async with anyio.create_task_group() as group:
+            for index in range(WRITERS):
+                group.start_soon(one, index)
+        return results
+
+    results = anyio.run(run)
+    assert [result["success"] for result in results] == [True] * WRITERS
+    stored = Chunk.objects.filter(document__source_uri="run.pdf", collection__name="lab")
+    assert sorted(stored.values_list("index", flat=True)) == list(range(WRITERS))
