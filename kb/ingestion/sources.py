@@ -2,12 +2,14 @@
 
 Files are confined to configured roots: paths are resolved (symlinks and ``..`` included)
 before they are compared, component by component, so neither a link nor a sibling directory
-that shares a prefix (``/data`` and ``/data2``) escapes.
+that shares a prefix (``/data`` and ``/data2``) escapes. Outside the roots every path gets the
+same answer, existing or not, and only regular files are opened (a FIFO would block forever).
 
 URLs are fetched without trusting DNS twice: the host is resolved once, every address must be
-public (unless the host or network is explicitly allowed for intranet use), the connection
-goes to the address that was checked (TLS still verifies the real host name), and each
-redirect is checked again, with limits on redirects, time and size.
+public (an IPv6 address that carries an IPv4 address is judged by that one), unless the host or
+network is explicitly allowed for intranet use; the connection goes to the address that was
+checked (TLS still verifies the real host name), and each redirect is checked again. One
+deadline bounds the whole fetch, every redirect and byte included, and one limit its size.
 """
 
 import base64
@@ -16,16 +18,22 @@ import hashlib
 import ipaddress
 import os
 import socket
+import ssl
+import stat
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, unquote_to_bytes, urljoin, urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import SplitResult, unquote, unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
 from django.conf import settings
 
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import supported_extension
+
+if TYPE_CHECKING:
+    import httpx
 
 # Extension-less files worth ingesting from a directory.
 KNOWN_TEXT_FILENAMES = {"README", "LICENSE", "CHANGELOG", "Makefile", "Dockerfile", "NOTICE", "AUTHORS"}
@@ -62,34 +70,42 @@ def file_path_of(uri: str) -> Path:
         path = unquote(parts.path)
         if not path:
             raise KBError(ErrorCode.INVALID_URI, f"The file URI has no path: {uri}")
-        return Path(path)
-    return Path(uri).expanduser()
+    else:
+        path = uri
+    if "\0" in path:  # no file name holds one; the OS would refuse it with an exception of its own
+        raise KBError(ErrorCode.INVALID_URI, "A file path cannot contain a NUL character")
+    return Path(path).expanduser()
 
 
 def confine(path: Path, roots: Sequence[Path]) -> Path:
-    """Resolve ``path`` and make sure it lies inside one of ``roots``."""
+    """Resolve ``path`` and make sure it lies inside one of ``roots``.
+
+    Every path outside the roots gets the same answer, whether it exists or not and whatever it
+    is, so the error tells nothing about the rest of the disk: it is resolved without requiring
+    it to exist, and only inside the roots may "not found" be said.
+    """
     if not roots:
         raise KBError(
             ErrorCode.INVALID_URI,
-            "file:// ingestion is disabled here: set KB_FILE_ROOTS to the directories it may read",
+            "file:// ingestion is disabled here: set KB_FILE_ROOTS to the directories it may read "
+            "(or start mcp_stdio with --file-root PATH)",
         )
+    real = Path(os.path.realpath(path))
+    if not any(real.is_relative_to(os.path.realpath(root)) for root in roots):
+        raise KBError(ErrorCode.INVALID_URI, f"{path} is outside the directories ingestion may read (KB_FILE_ROOTS)")
     try:
-        real = path.resolve(strict=True)
+        real.stat()
     except FileNotFoundError:
         raise KBError(ErrorCode.LOAD_FAILED, f"No such file or directory: {path}") from None
-    except (OSError, RuntimeError) as exc:  # symlink loops, permissions
-        raise KBError(ErrorCode.LOAD_FAILED, f"Cannot open {path}: {exc}") from None
-    for root in roots:
-        if real.is_relative_to(Path(root).resolve()):
-            return real
-    allowed = ", ".join(str(root) for root in roots)
-    raise KBError(ErrorCode.INVALID_URI, f"{path} is outside the directories ingestion may read ({allowed})")
+    except OSError as exc:  # symlink loops, permissions
+        raise KBError(ErrorCode.LOAD_FAILED, f"Cannot open {path}: {exc.strerror}") from None
+    return real
 
 
 def iter_files(uri: str, *, roots: Sequence[Path], recursive: bool) -> Iterator[LoadedSource | SkippedSource]:
     """The file named by ``uri``, or every supported file in the directory it names."""
     real = confine(file_path_of(uri), roots)
-    if real.is_file():
+    if not real.is_dir():
         yield _load_file(real)
         return
     for directory, subdirectories, filenames in os.walk(real):
@@ -105,22 +121,47 @@ def iter_files(uri: str, *, roots: Sequence[Path], recursive: bool) -> Iterator[
 
 
 def _load_file(path: Path) -> LoadedSource:
-    stat = path.stat()
-    if stat.st_size > settings.KB_MAX_DOCUMENT_BYTES:
-        raise KBError(
-            ErrorCode.LOAD_FAILED,
-            f"{path} is {stat.st_size} bytes; the limit is {settings.KB_MAX_DOCUMENT_BYTES} (KB_MAX_DOCUMENT_BYTES)",
-        )
+    """The bytes of the regular file at ``path`` (resolved and confined), within the size limit.
+
+    A FIFO would block the open or the read forever and a device may never end, so anything but
+    a regular file is refused: before opening (``lstat``: ``path`` is resolved, so that is what
+    ``open`` reaches) and again on the opened descriptor, in case the path was swapped in between;
+    ``O_NONBLOCK`` keeps even that open from waiting for a FIFO's writer.
+    """
+    limit = settings.KB_MAX_DOCUMENT_BYTES
     try:
-        data = path.read_bytes()
+        _require_regular_file(os.lstat(path), path)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with open(descriptor, "rb") as file:
+            status = os.fstat(file.fileno())
+            _require_regular_file(status, path)
+            _require_within_limit(status.st_size, path)
+            data = file.read(limit + 1)
     except OSError as exc:
-        raise KBError(ErrorCode.LOAD_FAILED, f"Cannot read {path}: {exc}") from None
+        raise KBError(ErrorCode.LOAD_FAILED, f"Cannot read {path}: {exc.strerror}") from None
+    if len(data) > limit:
+        raise KBError(
+            ErrorCode.LOAD_FAILED, f"{path} grew past {limit} bytes while it was read (KB_MAX_DOCUMENT_BYTES)"
+        )
     return LoadedSource(
         source_uri=path.as_uri(),
         data=data,
         filename=path.name,
-        metadata={"modification_date": stat.st_mtime, "creation_date": stat.st_ctime},
+        metadata={"modification_date": status.st_mtime, "creation_date": status.st_ctime},
     )
+
+
+def _require_regular_file(status: os.stat_result, path: Path) -> None:
+    if not stat.S_ISREG(status.st_mode):
+        raise KBError(ErrorCode.LOAD_FAILED, f"{path} is not a regular file (FIFOs, devices and sockets are not read)")
+
+
+def _require_within_limit(size: int, path: Path) -> None:
+    if size > settings.KB_MAX_DOCUMENT_BYTES:
+        raise KBError(
+            ErrorCode.LOAD_FAILED,
+            f"{path} is {size} bytes; the limit is {settings.KB_MAX_DOCUMENT_BYTES} (KB_MAX_DOCUMENT_BYTES)",
+        )
 
 
 # --- data: URIs -----------------------------------------------------------------------------
@@ -152,22 +193,40 @@ def load_data_uri(uri: str) -> LoadedSource:
 # --- http(s) --------------------------------------------------------------------------------
 
 
+# Embedded IPv4 addresses that ``ipaddress`` has no property for (it has ipv4_mapped, sixtofour, teredo).
+NAT64_WELL_KNOWN_PREFIX = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052: the IPv4 address is the last 32 bits
+IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # deprecated ::a.b.c.d, also :: and ::1
+# RFC 8215, for NAT64 inside one network: where the IPv4 address sits depends on the prefix length the
+# operator chose, so it cannot be read back; never public anyway.
+NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
 def fetch_url(url: str) -> LoadedSource:
+    """GET ``url``, following checked redirects; one deadline bounds the whole fetch and one limit its size."""
     import httpx
 
-    deadline = time.monotonic() + settings.KB_FETCH_TIMEOUT_SECONDS
+    deadline = _Deadline(time.monotonic() + settings.KB_FETCH_TIMEOUT_SECONDS)
     current = url
-    with httpx.Client(timeout=settings.KB_FETCH_TIMEOUT_SECONDS, follow_redirects=False, trust_env=False) as client:
+    malformed = ErrorCode.INVALID_URI  # the caller's own URL; a server's bad redirect is a failed load
+    with httpx.Client(
+        transport=_deadline_transport(deadline),
+        timeout=settings.KB_FETCH_TIMEOUT_SECONDS,
+        follow_redirects=False,
+        trust_env=False,
+    ) as client:
         for _ in range(settings.KB_FETCH_MAX_REDIRECTS + 1):
-            target = _checked_target(current)
+            target = _checked_target(current, malformed=malformed)
             try:
                 response = _fetch_once(client, current, target, deadline)
             except httpx.TimeoutException:
                 raise KBError(ErrorCode.LOAD_FAILED, f"{current} did not answer in time") from None
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 raise KBError(ErrorCode.LOAD_FAILED, f"Could not fetch {current}: {exc}") from None
             if isinstance(response, str):  # a redirect
-                current = urljoin(current, response)
+                current = _redirect_target(current, response)
+                malformed = ErrorCode.LOAD_FAILED
                 continue
             data, mime_type = response
             name = Path(unquote(urlsplit(current).path)).name
@@ -182,17 +241,28 @@ class _Target:
     address: str
 
 
-def _checked_target(url: str) -> _Target:
-    parts = urlsplit(url)
+def _redirect_target(url: str, location: str) -> str:
+    try:
+        return urljoin(url, location)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        raise KBError(ErrorCode.LOAD_FAILED, f"{url} redirected to a malformed URL: {location[:200]!r}") from None
+
+
+def _checked_target(url: str, *, malformed: ErrorCode) -> _Target:
+    """Where ``url`` may be fetched from; ``malformed`` is the code for a URL that cannot be parsed."""
+    try:
+        parts = _split_url(url)
+    except ValueError:
+        raise KBError(malformed, f"Not a valid URL: {url[:200]!r}") from None
     if parts.scheme not in ("http", "https"):
         raise KBError(ErrorCode.INVALID_URI, f"Only http and https URLs can be fetched: {url}")
-    host = parts.hostname
-    if not host:
-        raise KBError(ErrorCode.INVALID_URI, f"The URL has no host: {url}")
+    if not parts.hostname:
+        raise KBError(malformed, f"The URL has no host: {url}")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise KBError(ErrorCode.INVALID_URI, f"The URL has an invalid port: {url}") from None
+        host = parts.hostname.encode("idna").decode("ascii")  # the name DNS, the Host header and TLS see
+    except ValueError:  # UnicodeError included
+        raise KBError(malformed, f"The URL has an invalid port or host name: {url}") from None
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -208,26 +278,138 @@ def _checked_target(url: str) -> _Target:
     return _Target(host=host, port=port, address=addresses[0])
 
 
-def _address_allowed(host: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    for allowed in settings.KB_FETCH_ALLOWED_PRIVATE_HOSTS:
-        if allowed.lower() == host.lower():
-            return True
+def _split_url(url: str) -> SplitResult:
+    """``urlsplit``, which also raises ValueError for control characters (it would keep them)."""
+    if any(ord(character) < 0x20 or ord(character) == 0x7F for character in url):
+        raise ValueError("control character in URL")
+    return urlsplit(url)
+
+
+def _address_allowed(host: str, address: IPAddress) -> bool:
+    allowed = settings.KB_FETCH_ALLOWED_PRIVATE_HOSTS
+    if any(entry.lower() == host.lower() for entry in allowed):
+        return True
+    return is_public_address(address, allowed_networks=_networks(allowed))
+
+
+def _networks(entries: Sequence[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    networks = []
+    for entry in entries:
         try:
-            if address in ipaddress.ip_network(allowed, strict=False):
-                return True
-        except ValueError:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:  # a host name
             continue
+    return networks
+
+
+def is_public_address(
+    address: IPAddress, *, allowed_networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()
+) -> bool:
+    """Whether a fetch may connect to ``address``: a public unicast address, or one in ``allowed_networks``.
+
+    An IPv6 address that carries an IPv4 address (IPv4-mapped or -compatible, NAT64, 6to4, Teredo)
+    reaches that IPv4 host in the end, so it is judged by that address: ``64:ff9b::7f00:1`` is
+    127.0.0.1, whatever ``is_global`` says of the IPv6 form.
+    """
+    if any(address in network for network in allowed_networks):
+        return True
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in NAT64_LOCAL_USE:
+            return False
+        embedded = embedded_ipv4_addresses(address)
+        if embedded:
+            return all(is_public_address(inner, allowed_networks=allowed_networks) for inner in embedded)
     return address.is_global and not address.is_multicast
 
 
-def _fetch_once(client, url: str, target: _Target, deadline: float) -> str | tuple[bytes, str]:  # noqa: ANN001
+def embedded_ipv4_addresses(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses packets to ``address`` end up at (Teredo: the relay server and the client)."""
+    if address.ipv4_mapped is not None:
+        return [address.ipv4_mapped]
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if address.teredo is not None:
+        return list(address.teredo)
+    if address in NAT64_WELL_KNOWN_PREFIX or address in IPV4_COMPATIBLE:
+        return [ipaddress.IPv4Address(address.packed[-4:])]
+    return []
+
+
+def _deadline_transport(deadline: "_Deadline") -> "httpx.HTTPTransport":
+    """httpx's transport, over a connection pool whose sockets never wait past ``deadline``.
+
+    httpx's own timeouts bound each socket operation, not their sum: a server that answers one
+    byte of headers or body per interval, or redirects slowly, could hold a thread for hours.
+    httpx takes no network backend, but the httpcore pool it wraps does, so the pool is replaced.
+    """
+    import httpcore
+    import httpx
+
+    transport = httpx.HTTPTransport(trust_env=False)
+    transport._pool = httpcore.ConnectionPool(
+        ssl_context=httpx.create_ssl_context(trust_env=False), network_backend=_DeadlineBackend(deadline)
+    )
+    return transport
+
+
+@dataclass(frozen=True)
+class _Deadline:
+    at: float  # time.monotonic()
+
+    def clamp(self, timeout: float | None) -> float:
+        """``timeout`` cut to the time left; never 0, which would make a socket non-blocking
+        rather than time out, so past the deadline every wait times out at once."""
+        left = max(self.at - time.monotonic(), 0.001)
+        return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineBackend:
+    """httpcore's synchronous network backend with every timeout clamped to the fetch's deadline."""
+
+    def __init__(self, deadline: _Deadline) -> None:
+        import httpcore
+
+        self._backend = httpcore.SyncBackend()
+        self._deadline = deadline
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, **options: Any) -> "_DeadlineStream":
+        stream = self._backend.connect_tcp(host, port, self._deadline.clamp(timeout), **options)
+        return _DeadlineStream(stream, self._deadline)
+
+
+class _DeadlineStream:
+    """An httpcore network stream whose reads, writes and TLS handshake end by the deadline."""
+
+    def __init__(self, stream: Any, deadline: _Deadline) -> None:
+        self._stream = stream
+        self._deadline = deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, self._deadline.clamp(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, self._deadline.clamp(timeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> "_DeadlineStream":
+        stream = self._stream.start_tls(ssl_context, server_hostname, self._deadline.clamp(timeout))
+        return _DeadlineStream(stream, self._deadline)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+def _fetch_once(client, url: str, target: _Target, deadline: "_Deadline") -> str | tuple[bytes, str]:  # noqa: ANN001
     parts = urlsplit(url)
     literal = f"[{target.address}]" if ":" in target.address else target.address
     pinned = urlunsplit(parts._replace(netloc=f"{literal}:{target.port}"))
     default_port = 443 if parts.scheme == "https" else 80
-    host_header = target.host if target.port == default_port else f"{target.host}:{target.port}"
+    host = f"[{target.host}]" if ":" in target.host else target.host  # an IPv6 literal keeps its brackets
+    host_header = host if target.port == default_port else f"{host}:{target.port}"
     request = client.build_request(
         "GET", pinned, headers={"Host": host_header, "User-Agent": "kb-ingest/1.0"},
         extensions={"sni_hostname": target.host},
@@ -246,7 +428,7 @@ def _fetch_once(client, url: str, target: _Target, deadline: float) -> str | tup
         response.close()
 
 
-def _read_limited(response, url: str, deadline: float) -> bytes:  # noqa: ANN001
+def _read_limited(response, url: str, deadline: "_Deadline") -> bytes:  # noqa: ANN001
     limit = settings.KB_FETCH_MAX_BYTES
     declared = response.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
@@ -256,7 +438,7 @@ def _read_limited(response, url: str, deadline: float) -> bytes:  # noqa: ANN001
         received.extend(piece)
         if len(received) > limit:
             raise KBError(ErrorCode.LOAD_FAILED, f"{url} is larger than {limit} bytes (KB_FETCH_MAX_BYTES)")
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline.at:
             raise KBError(ErrorCode.LOAD_FAILED, f"{url} took longer than {settings.KB_FETCH_TIMEOUT_SECONDS}s")
     return bytes(received)
 
