@@ -84,8 +84,14 @@ def env_choice(name: str, default: str, choices: Sequence[str]) -> str:
 
 def env_path(name: str, default: Path, *, base: Path) -> Path:
     """A path; relative values are taken relative to ``base`` (the project directory)."""
+    return env_optional_path(name, base=base) or (default if default.is_absolute() else base / default)
+
+
+def env_optional_path(name: str, *, base: Path) -> Path | None:
     value = _raw(name)
-    path = Path(value).expanduser() if value else default
+    if not value:
+        return None
+    path = Path(value).expanduser()
     return path if path.is_absolute() else (base / path)
 
 

@@ -18,6 +18,7 @@ from config.env import (
     env_float,
     env_int,
     env_list,
+    env_optional_path,
     env_optional_str,
     env_path,
     env_str,
@@ -182,6 +183,9 @@ EMBEDDING_DEFAULT_MODELS = {
 EMBEDDING_PROVIDER = env_choice("EMBEDDING_PROVIDER", "local", EMBEDDING_PROVIDERS)
 EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", EMBEDDING_DEFAULT_MODELS[EMBEDDING_PROVIDER])
 EMBEDDING_BATCH_SIZE = env_int("EMBEDDING_BATCH_SIZE", 32, minimum=1, maximum=2048)
+# The only place the local provider loads models from besides its packaged all-MiniLM-L6-v2
+# (collections name them relative to it). Unset: the packaged model only.
+KB_LOCAL_MODELS_DIR = env_optional_path("KB_LOCAL_MODELS_DIR", base=BASE_DIR)
 EMBEDDING_TIMEOUT_SECONDS = env_float("EMBEDDING_TIMEOUT_SECONDS", 60.0, minimum=1.0)
 EMBEDDING_MAX_RETRIES = env_int("EMBEDDING_MAX_RETRIES", 5, minimum=0)
 OLLAMA_HOST = env_str("OLLAMA_HOST", "http://127.0.0.1:11434")

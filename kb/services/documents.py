@@ -59,6 +59,7 @@ def document_create_from_text(
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"Raw text cannot have content_type {content_type!r}")
     if not text.strip():
         raise KBError(ErrorCode.INVALID_ARGUMENT, "The text is empty")
+    check_storable(text, what="text")
     text = text.replace("\r\n", "\n")
     parsed = ParsedDocument(text=text, content_type=content_type, title=title)
     return document_save(

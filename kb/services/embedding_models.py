@@ -2,7 +2,8 @@ from django.conf import settings
 from django.db import transaction
 
 from kb.errors import ErrorCode, KBError
-from kb.models import EmbeddingModel, EmbeddingProvider
+from kb.models import EMBEDDING_MODEL_NAME_MAX_LENGTH, EmbeddingModel, EmbeddingProvider
+from kb.storable import check_storable
 from kb.vector_index import ensure_hnsw_index
 
 # Dimensions known without asking the provider; others are learnt from the first vector.
@@ -25,11 +26,26 @@ def embedding_model_get_or_create(*, provider: str, name: str) -> EmbeddingModel
     name = name.strip()
     if not name:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "Embedding model name must not be empty")
+    if len(name) > EMBEDDING_MODEL_NAME_MAX_LENGTH:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "Embedding model name is too long")
+    check_storable(name, what="embedding model name")
+    if provider == EmbeddingProvider.LOCAL:
+        _check_local_model(name)
     model, created = EmbeddingModel.objects.get_or_create(provider=provider, name=name)
     known = KNOWN_DIMENSIONS.get((provider, name))
     if created and known:
         model = embedding_model_record_dimensions(model=model, dimensions=known)
     return model
+
+
+def _check_local_model(name: str) -> None:
+    """A local model must be one the provider can load (it never downloads), checked without loading it."""
+    from kb.embeddings import EmbeddingError, local_model_path
+
+    try:
+        local_model_path(name)
+    except EmbeddingError as error:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, error.message) from None
 
 
 def embedding_model_default() -> EmbeddingModel:

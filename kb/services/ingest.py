@@ -31,6 +31,7 @@ from kb.models import Collection, Document
 from kb.selectors import document_get
 from kb.services.collections import collection_get_or_create
 from kb.services.documents import StoredDocument, document_save, drafts_from_chunks, source_lock
+from kb.storable import check_storable
 
 ItemOutcome = Literal["created", "updated", "unchanged", "failed"]
 
@@ -218,6 +219,7 @@ def document_store_chunks(
         if chunk.index < 0:
             raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk index {chunk.index} is negative")
     _check_metadata(metadata)
+    check_storable([[chunk.text, chunk.metadata, chunk.index] for chunk in chunks], what="chunks")
     with transaction.atomic():
         source_lock(collection=collection, source_uri=source_uri)
         stored = Document.objects.filter(collection=collection, source_uri=source_uri).first()

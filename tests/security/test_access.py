@@ -248,3 +248,29 @@ def test_limited_tokens_survive_a_restart_of_the_rule():
     token, _ = token_create(name="t", scope="read", collections=["only"])
     token.collections.clear()
     assert ApiToken.objects.get(pk=token.pk).collection_limit() == frozenset()
+
+
+# --- values JSON should not carry, sent over the wire ----------------------------------------------
+
+
+def test_nan_and_infinity_sent_as_json_text_are_refused_over_mcp_as_over_rest(client):
+    collection_create(name="wire")
+    before = counts()
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+    opened = client.post(
+        "/mcp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}, headers=accept
+    )
+    session = {**accept, "Mcp-Session-Id": opened.headers["mcp-session-id"]}
+    client.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        arguments = f'{{"uri": "{PLANTED}", "collection": "wire", "metadata": {{"score": {literal}}}}}'
+        body = f'{{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {{"name": "rag_ingest", "arguments": {arguments}}}}}'
+        answer = client.post("/mcp", content=body, headers=session).json()
+        assert answer["result"]["isError"] is True, answer
+        assert json.loads(answer["result"]["content"][0]["text"])["error"]["code"] == "INVALID_ARGUMENT"
+        rest = client.post(
+            "/api/collections/wire/documents", content=arguments, headers={"Content-Type": "application/json"}
+        )
+        assert error_code(rest) == (400, "INVALID_ARGUMENT")
+    assert counts() == before
