@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test browser lint bench bench-quality bench-search bench-ingest bench-mcp clean-test-data
+.PHONY: run test test-security browser lint bench bench-quality bench-search bench-ingest bench-mcp clean-test-data
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ run: $(STAMP)
 test: $(STAMP) browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest
+
+# The attack families of README "Security": real server, hostile headers, bombs.
+test-security: $(STAMP)
+	$(PY) -m pytest tests/security tests/faults
 
 # Debian's Chromium drives the admin's browser test; install it when missing and we may.
 browser:
