@@ -2,15 +2,15 @@
 
 The default broker needs no server (messages are files under var/test/celery). The Redis and
 RabbitMQ variants need those servers on loopback: CI machines run them, and `.ci/run` sets
-KB_TEST_REDIS_URL and KB_TEST_RABBITMQ_URL. Without the variable the test fails and says so.
+KB_TEST_REDIS_URL and KB_TEST_RABBITMQ_URL (tests.support.services: elsewhere they use the usual
+loopback ports, or are skipped with a reason when nothing listens there).
 """
-
-import os
 
 import pytest
 from celery import Celery
 
 from tests.conftest import start_worker
+from tests.support.services import service_url
 
 
 def round_trip(app: Celery, worker, value: str) -> str:
@@ -36,17 +36,10 @@ def test_a_task_round_trips_on_the_default_file_system_broker(celery_worker):
     assert round_trip(app, celery_worker, "files") == "pong:files"
 
 
-def required_url(variable: str) -> str:
-    url = os.environ.get(variable)
-    if not url:
-        pytest.fail(f"{variable} is not set: this test needs that broker on loopback (.ci/run sets it)")
-    return url
-
-
 @pytest.mark.worker
 @pytest.mark.parametrize("variable", ["KB_TEST_REDIS_URL", "KB_TEST_RABBITMQ_URL"])
 def test_a_task_round_trips_on_a_server_broker(tmp_path, transactional_db, variable):
-    url = required_url(variable)
+    url = service_url(variable, "that broker on loopback (.ci/run sets it)")
     backend = url if url.startswith("redis") else "rpc://"
     worker = start_worker(
         tmp_path, extra_env={"CELERY_BROKER_URL": url, "CELERY_RESULT_BACKEND": backend}, name=variable.lower()

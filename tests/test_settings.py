@@ -9,6 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from config import env
 from tests.conftest import ROOT
+from tests.support.services import missing_on_this_machine, service_url
 
 
 @pytest.mark.parametrize(
@@ -60,13 +61,14 @@ def test_every_setting_is_listed_in_the_example_env_file():
 
 def test_migrating_a_postgres_without_pgvector_says_so_clearly():
     """Needs a PostgreSQL without pgvector: CI machines run one on 127.0.0.1:5432 (.ci/run sets the URL)."""
-    server_url = os.environ.get("KB_TEST_PLAIN_POSTGRES_URL")
-    if not server_url:
-        pytest.fail("KB_TEST_PLAIN_POSTGRES_URL is not set: this test needs a Postgres without pgvector")
+    server_url = service_url("KB_TEST_PLAIN_POSTGRES_URL", "a PostgreSQL without pgvector")
     name = f"kb_no_pgvector_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server_url, autocommit=True) as admin:
         if admin.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone():
-            pytest.fail(f"{server_url} has pgvector; point KB_TEST_PLAIN_POSTGRES_URL at a server without it")
+            missing_on_this_machine(
+                "KB_TEST_PLAIN_POSTGRES_URL",
+                f"{server_url} has pgvector; point KB_TEST_PLAIN_POSTGRES_URL at a server without it",
+            )
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
         base = server_url.rsplit("/", 1)[0]
