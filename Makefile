@@ -1,22 +1,48 @@
-# The two commands of the README: `make run` and `make test`. Each builds .venv from requirements.txt.
+# The two commands of the README: `make run` and `make test`. Each builds .venv from a lock file:
+# requirements.txt (runtime) for run, requirements-dev.txt (runtime + test tools) for test.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+RUNTIME := $(VENV)/.runtime-installed
+DEV := $(VENV)/.dev-installed
+TORCH := $(VENV)/.torch-installed
+STAMP := $(DEV)  # what lint and the benchmarks need
 
-.PHONY: run test test-security browser lint bench bench-quality bench-search bench-ingest bench-mcp clean-test-data
+.PHONY: run test test-security browser lint lock torch bench bench-quality bench-search bench-ingest bench-mcp clean-test-data
 
-$(STAMP): requirements.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
-	touch $(STAMP)
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
 
-run: $(STAMP)
+$(RUNTIME): requirements.txt | $(VENV)/bin/python
+	$(PIP) -r requirements.txt
+	touch $@
+
+$(DEV): requirements-dev.txt | $(VENV)/bin/python
+	$(PIP) -r requirements-dev.txt
+	touch $@ $(RUNTIME)
+
+# Optional: sentence-transformers + PyTorch (CPU) for other local models, and the benchmarks
+# that compare against them. Not locked: PyTorch's CPU wheels come from its own index
+# (`make torch TORCH_INDEX=` where torch==2.13.0 is found otherwise, e.g. a local wheel folder).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+$(TORCH): requirements-torch.txt $(DEV)
+	$(PIP) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r requirements-torch.txt
+	touch $@
+
+torch: $(TORCH)
+
+run: $(RUNTIME)
 	$(PY) manage.py kb_run
 
-test: $(STAMP) browser
+test: $(DEV) browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest
+
+# requirements*.txt from pyproject.toml's pins, with hashes, for every platform (needs `uv`).
+lock:
+	uv pip compile pyproject.toml --universal --generate-hashes --python-version 3.11 --no-header -o requirements.txt
+	uv pip compile pyproject.toml --universal --extra dev --generate-hashes --python-version 3.11 --no-header -o requirements-dev.txt
 
 # The attack families of README "Security": real server, hostile headers, bombs.
 test-security: $(STAMP)

@@ -5,7 +5,6 @@ embedded default: Postgres + pgvector in ``var/pgdata``, a Celery broker kept in
 ``var/celery``, and the local embedding model, all on 127.0.0.1.
 """
 
-import os
 import secrets
 from pathlib import Path
 
@@ -23,11 +22,11 @@ from config.env import (
     env_path,
     env_str,
 )
+from config.paths import default_var_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-# pytest sets PYTEST_VERSION for the whole run (and its subprocesses inherit it): the test
-# suite then keeps its own Postgres data and broker folders in var/test, away from `make run`.
-VAR_DIR = env_path("KB_VAR_DIR", BASE_DIR / ("var/test" if os.environ.get("PYTEST_VERSION") else "var"), base=BASE_DIR)
+# pytest sets PYTEST_VERSION for the whole run (and its subprocesses inherit it): see config.paths.
+VAR_DIR = env_path("KB_VAR_DIR", default_var_dir(BASE_DIR), base=BASE_DIR)
 
 
 def _local_secret_key() -> str:
@@ -50,6 +49,7 @@ KB_HOST = env_str("KB_HOST", "127.0.0.1")
 KB_PORT = env_int("KB_PORT", 8001, minimum=1, maximum=65535)
 
 INSTALLED_APPS = [
+    "kb",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -57,7 +57,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "ninja",
-    "kb",
     "mcp_endpoint",
 ]
 
@@ -77,7 +76,8 @@ ASGI_APPLICATION = "config.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # kb/templates (listed before django.contrib.admin: it overrides admin pages too).
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -197,6 +197,28 @@ OPENAI_BASE_URL = env_optional_str("OPENAI_BASE_URL")
 # directory for management commands.
 KB_FILE_ROOTS = env_list("KB_FILE_ROOTS")
 KB_MAX_DOCUMENT_BYTES = env_int("KB_MAX_DOCUMENT_BYTES", 50 * 1024 * 1024, minimum=1024)
+
+# Parsing budgets (kb.ingestion.formats): what one document may cost to parse, whatever its size on
+# disk. A document over a budget is refused with LOAD_FAILED naming the setting. The text extracted
+# from a PDF or DOCX is also held to KB_MAX_DOCUMENT_BYTES characters.
+# Nesting of JSON, YAML and HTML (at most 250: Python recurses on JSON, libxml2 stops HTML at 256).
+KB_PARSE_MAX_DEPTH = env_int("KB_PARSE_MAX_DEPTH", 100, minimum=1, maximum=250)
+# Nodes that YAML aliases may add when expanded, in all (a "billion laughs" expands to billions).
+KB_YAML_MAX_ALIAS_NODES = env_int("KB_YAML_MAX_ALIAS_NODES", 100_000, minimum=0)
+# Elements of an HTML page; main-content extraction costs about 0.1 ms and 2 KB per element.
+KB_HTML_MAX_ELEMENTS = env_int("KB_HTML_MAX_ELEMENTS", 25_000, minimum=100)
+# ZIP-based documents (DOCX): entries, declared inflated bytes per entry and in all, and inflation
+# ratio of any entry over 1 MiB. Parts are streamed, so these bound time rather than memory.
+KB_ARCHIVE_MAX_ENTRIES = env_int("KB_ARCHIVE_MAX_ENTRIES", 5_000, minimum=10)
+KB_ARCHIVE_MAX_ENTRY_BYTES = env_int("KB_ARCHIVE_MAX_ENTRY_BYTES", 64 * 1024 * 1024, minimum=1024 * 1024)
+KB_ARCHIVE_MAX_TOTAL_BYTES = env_int("KB_ARCHIVE_MAX_TOTAL_BYTES", 256 * 1024 * 1024, minimum=1024 * 1024)
+KB_ARCHIVE_MAX_RATIO = env_int("KB_ARCHIVE_MAX_RATIO", 100, minimum=2)
+# PDFs are parsed in a child process (python -m kb.ingestion.pdf_text), killed past its time or
+# address-space budget.
+KB_PDF_MAX_PAGES = env_int("KB_PDF_MAX_PAGES", 2_000, minimum=1)
+KB_PDF_TIMEOUT_SECONDS = env_int("KB_PDF_TIMEOUT_SECONDS", 20, minimum=1)
+KB_PDF_MAX_MEMORY_BYTES = env_int("KB_PDF_MAX_MEMORY_BYTES", 512 * 1024 * 1024, minimum=128 * 1024 * 1024)
+
 KB_DATA_URI_MAX_BYTES = env_int("KB_DATA_URI_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
 KB_FETCH_TIMEOUT_SECONDS = env_float("KB_FETCH_TIMEOUT_SECONDS", 20.0, minimum=0.1)
 KB_FETCH_MAX_BYTES = env_int("KB_FETCH_MAX_BYTES", 20 * 1024 * 1024, minimum=1024)

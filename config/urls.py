@@ -6,7 +6,10 @@ from kb.api import api
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("", views.home, name="home"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("health", views.health, name="health"),
+    path("health/live", views.liveness, name="liveness"),
     path("api/", api.urls),
     re_path(r"^api/(?P<rest>.*)$", views.api_not_found),
 ]

@@ -1,4 +1,5 @@
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
 
 from kb import selectors
 from kb.api.auth import sees_health_details
@@ -8,6 +9,28 @@ from kb.errors import ErrorCode, KBError
 def health(request: HttpRequest) -> JsonResponse:
     report = selectors.health_report(detailed=sees_health_details(request))
     return JsonResponse(report, status=200 if report["status"] == "ok" else 503)
+
+
+def liveness(request: HttpRequest) -> JsonResponse:
+    """The process answers (container health checks); readiness, with its dependencies, is /health."""
+    return JsonResponse({"status": "ok"})
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    """There is no public site: the admin is where a person starts."""
+    return redirect("admin:index")
+
+
+# A book, in the admin's blue.
+FAVICON = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect x="2" y="1" width="12" height="14" '
+    'rx="2" fill="#417690"/><rect x="5" y="4" width="6" height="1.5" fill="#fff"/>'
+    '<rect x="5" y="7" width="6" height="1.5" fill="#fff"/></svg>'
+)
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(FAVICON, content_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
 
 def api_not_found(request: HttpRequest, rest: str) -> JsonResponse:

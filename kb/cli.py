@@ -1,0 +1,43 @@
+"""``kb``: the management commands as one program, for an installed package (``pip install .``,
+``pipx install .``, ``uvx --from . kb``), where there is no ``manage.py`` to call.
+
+    kb run                       the whole system on 127.0.0.1:8001 (manage.py kb_run)
+    kb mcp-stdio [--profile P]   an MCP server on stdin/stdout, for desktop clients
+    kb ingest|search|stats|collections|delete|reembed|token ...
+    kb manage COMMAND ...        any other Django command (migrate, createsuperuser, check ...)
+
+Each is a thin wrapper: ``kb search "lift"`` is ``manage.py kb_search "lift"``.
+"""
+
+import os
+import sys
+
+COMMANDS = {
+    "run": "kb_run",
+    "mcp-stdio": "mcp_stdio",
+    "ingest": "kb_ingest",
+    "search": "kb_search",
+    "stats": "kb_stats",
+    "collections": "kb_collections",
+    "delete": "kb_delete",
+    "reembed": "kb_reembed",
+    "token": "kb_token",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(__doc__.strip())
+        return
+    name, *rest = args
+    if name == "manage":
+        command = rest
+    elif name in COMMANDS:
+        command = [COMMANDS[name], *rest]
+    else:
+        sys.exit(f"kb: unknown command {name!r}; run `kb help`")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["kb", *command])
