@@ -1,15 +1,13 @@
 #!/usr/bin/env python
 """Django's command-line utility for the knowledge base."""
 
-import os
 import sys
 
 
 def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    from django.core.management import execute_from_command_line
+    from kb.cli import run_management
 
-    execute_from_command_line(sys.argv)
+    run_management(sys.argv)
 
 
 if __name__ == "__main__":

@@ -259,5 +259,7 @@ LOGGING = {
         # The file-system broker has no host name; kombu warns about that on every message.
         "kombu.connection": {"level": "ERROR"},
         "httpx": {"level": "WARNING"},
+        # One line per profile; mcp_endpoint.asgi says once that they all started.
+        "mcp.server.streamable_http_manager": {"level": "WARNING"},
     },
 }

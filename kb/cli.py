@@ -37,7 +37,16 @@ def main(argv: list[str] | None = None) -> None:
         command = [COMMANDS[name], *rest]
     else:
         sys.exit(f"kb: unknown command {name!r}; run `kb help`")
+    run_management(["kb", *command])
+
+
+def run_management(argv: list[str]) -> None:
+    """Django's command line, with a configuration error said in one line, not a traceback."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(["kb", *command])
+    try:
+        execute_from_command_line(argv)
+    except ImproperlyConfigured as error:
+        sys.exit(f"Configuration error: {error}")

@@ -9,6 +9,7 @@ import contextlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +22,11 @@ from django.core.management import call_command
 
 from config import embedded_postgres
 
-STOP_TIMEOUT_SECONDS = 15
+# Ctrl-C first asks the worker to finish its task (warm shutdown), then, past this, stops it at
+# once (cold shutdown: the task is acknowledged late, so the next start embeds that document).
+WARM_STOP_SECONDS = 4.0
+STOP_TIMEOUT_SECONDS = 9.0
+START_TIMEOUT_SECONDS = 60.0
 
 
 @dataclass
@@ -38,8 +43,14 @@ class Launcher:
         signal.signal(signal.SIGINT, self._request_stop)
         signal.signal(signal.SIGTERM, self._request_stop)
         try:
+            refusal = self._port_refusal()
+            if refusal:
+                self.say(refusal)
+                return 1
             self._prepare()
             self._start_children()
+            if not self._wait_until_listening():
+                return self._supervise()  # a child that died says why
             self._announce()
             return self._supervise()
         finally:
@@ -47,6 +58,27 @@ class Launcher:
             if self.owns_database:
                 embedded_postgres.stop(settings.KB_PGDATA)
                 self.say("Embedded Postgres stopped.")
+
+    def _port_refusal(self) -> str | None:
+        """Before anything starts: is the address ours to take?"""
+        try:
+            with socket.create_server((self.host, self.port)):
+                return None
+        except OSError as error:
+            return (
+                f"Cannot listen on {self.host}:{self.port}: {error.strerror}. Another server (another "
+                "`make run`?) may be using it: stop it, or choose another port with KB_PORT."
+            )
+
+    def _wait_until_listening(self) -> bool:
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline and not self.stopping:
+            if any(process.poll() is not None for _name, process in self.children):
+                return False
+            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.5):
+                return True
+            time.sleep(0.2)
+        return False
 
     def _request_stop(self, signum: int, frame: object) -> None:
         self.stopping = True
@@ -110,10 +142,13 @@ class Launcher:
         return 0
 
     def _stop_children(self) -> None:
+        # Only the leaders: they stop their own children (a pool process killed under Celery's
+        # feet is reported as an ERROR "exited with signal 15").
         for _name, process in reversed(self.children):
             if process.poll() is None:
-                self._signal_group(process, signal.SIGTERM)
+                process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        self._cold_stop_worker(time.monotonic() + WARM_STOP_SECONDS)
         for name, process in reversed(self.children):
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -123,6 +158,16 @@ class Launcher:
             self._signal_group(process, signal.SIGKILL)
             process.wait()
         self.children.clear()
+
+    def _cold_stop_worker(self, deadline: float) -> None:
+        for name, process in self.children:
+            if name != "worker":
+                continue
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say("The worker is still embedding; stopping it now (the next start finishes that document).")
+                process.send_signal(signal.SIGQUIT)
 
     @staticmethod
     def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:

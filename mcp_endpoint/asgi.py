@@ -9,6 +9,7 @@ both addresses when it is the default. Every request passes mcp_endpoint.securit
 """
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import anyio
@@ -23,6 +24,7 @@ from mcp_endpoint.security import MCPGuard
 from mcp_endpoint.servers import build_server
 from mcp_endpoint.tooling import KBServer, stop_tool_threads
 
+logger = logging.getLogger(__name__)
 _session_managers: list[StreamableHTTPSessionManager] = []
 
 
@@ -59,6 +61,7 @@ async def mcp_lifespan(app: Starlette) -> AsyncIterator[None]:
     async with contextlib.AsyncExitStack() as stack:
         for manager in _session_managers:
             await stack.enter_async_context(manager.run())
+        logger.info("MCP session managers started (%d profiles)", len(_session_managers))
         try:
             yield
         finally:

@@ -2,6 +2,8 @@
 
 import os
 import signal
+import socket
+import subprocess
 import sys
 import urllib.request
 
@@ -75,6 +77,34 @@ def test_it_serves_the_admin_and_stops_everything_on_ctrl_c(tmp_path):
     first = run_once_and_stop(tmp_path)
     assert "Created superuser 'curator'" in first
     assert "Embedded Postgres stopped." in first
+    # A clean stop is quiet: no ERROR lines (a pool process killed under Celery's feet logs one),
+    # and the MCP session managers announce themselves once, not once per profile.
+    assert " ERROR " not in first, first
+    assert first.count("session manager") == 1, first
     # A second run finds the same data: the superuser is not created again.
     second = run_once_and_stop(tmp_path)
     assert "Created superuser" not in second
+
+
+def test_it_refuses_a_port_that_is_taken_before_starting_anything(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        launcher = start_launcher(tmp_path, port)
+        try:
+            assert launcher.process.wait(timeout=120) == 1
+        finally:
+            launcher.stop()
+    log = launcher.log()
+    assert f"Cannot listen on 127.0.0.1:{port}" in log and "KB_PORT" in log
+    assert "running on" not in log and not (tmp_path / "var" / "pgdata").exists()
+
+
+def test_a_bad_setting_stops_start_up_with_one_line_naming_it(tmp_path):
+    env = {**os.environ, "KB_VAR_DIR": str(tmp_path / "var"), "KB_SEMANTIC_WEIGHT": "nan"}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "kb_run"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "Configuration error: KB_SEMANTIC_WEIGHT='nan' is not a finite number"
+    ]
