@@ -3,19 +3,33 @@
 The content type comes from, in order: the caller's override, the file extension, the MIME
 type, then the bytes themselves. Binary input that is not a supported document format is
 refused with a message that says what it looks like, never stored as garbage.
+
+Parsing keeps to the budgets of config.settings ("Parsing budgets"): whatever a document asks
+for (deep nesting, YAML aliases, ZIP entries that inflate a thousandfold, PDF pages that share a
+huge content stream), it is refused with LOAD_FAILED naming the setting rather than costing
+unbounded time or memory, or ending in a RecursionError.
 """
 
 import io
 import json
 import mimetypes
 import re
+import signal
+import subprocess
+import sys
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import PurePosixPath
+from itertools import accumulate
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from django.conf import settings
+
 from kb.errors import ErrorCode, KBError
+from kb.ingestion import pdf_text
+from kb.ingestion.archives import declared_entry_count
 
 # The 001 seed's content_type enum, plus the formats and languages we also understand.
 CODE_CONTENT_TYPES = ("rust", "python", "typescript", "javascript", "go", "java", "cpp", "c")
@@ -98,6 +112,12 @@ _BINARY_SIGNATURES = (
     (b"\xd0\xcf\x11\xe0", "a legacy Office document"),
     (b"ID3", "an MP3 file"),
 )
+# JSON nesting is measured on the brackets outside strings, one match at a time (no recursion,
+# no copy of the text).
+_JSON_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_BRACKET_STEPS = {"[": 1, "{": 1, "]": -1, "}": -1}
+# The PDF parser runs as `python -m kb.ingestion.pdf_text` from the directory that holds `kb`.
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -163,18 +183,32 @@ def _sniff(data: bytes) -> str:
     text_head = head.lstrip().lower()
     if text_head.startswith((b"<!doctype html", b"<html")) or b"<body" in text_head:
         return "html"
-    if text_head.startswith((b"{", b"[")):
-        try:
-            json.loads(data)
-            return "json"
-        except ValueError:
-            pass
+    if text_head.startswith((b"{", b"[")) and _is_json(data):
+        return "json"
     if re.search(rb"^#{1,6} \S", head, re.MULTILINE) or re.search(rb"^```", head, re.MULTILINE):
         return "markdown"
     return "plain_text"
 
 
+def _is_json(data: bytes) -> bool:
+    """Valid JSON, or JSON too deeply nested to check (so that parsing refuses it by name)."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return False
+    if _json_depth(text) > settings.KB_PARSE_MAX_DEPTH:
+        return True
+    try:
+        _load_json(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _is_docx(data: bytes) -> bool:
+    entry_count = declared_entry_count(data)
+    if entry_count is not None and entry_count > settings.KB_ARCHIVE_MAX_ENTRIES:
+        return False  # listing it would cost too much; it is then refused as a ZIP archive
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             return "word/document.xml" in archive.namelist()
@@ -242,19 +276,104 @@ def _control_ratio(text: str) -> float:
 
 
 def _check_json(text: str) -> None:
+    _check_nesting(_json_depth(text), "JSON")
     try:
-        json.loads(text)
+        _load_json(text)
     except ValueError as exc:
         raise KBError(ErrorCode.LOAD_FAILED, f"The content is not valid JSON: {exc}") from None
 
 
+def _json_depth(text: str) -> int:
+    steps = (_BRACKET_STEPS.get(match.group(), 0) for match in _JSON_STRING_OR_BRACKET.finditer(text))
+    return max(accumulate(steps), default=0)
+
+
+def _load_json(text: str) -> None:
+    """Validate JSON; objects are dropped as soon as they are read, since only validity matters
+    and objects are most of what decoded JSON weighs."""
+    json.loads(text, object_pairs_hook=_drop)
+
+
+def _drop(pairs: list[tuple[str, Any]]) -> None:
+    return None
+
+
+def _check_nesting(depth: int, kind: str) -> None:
+    if depth > settings.KB_PARSE_MAX_DEPTH:
+        raise KBError(
+            ErrorCode.LOAD_FAILED,
+            f"The {kind} content nests deeper than {settings.KB_PARSE_MAX_DEPTH} levels (KB_PARSE_MAX_DEPTH)",
+        )
+
+
 def _check_yaml(text: str) -> None:
+    """Valid YAML within the nesting and alias budgets. Only the parser's events are read (by
+    libyaml when available): building the documents would cost over a hundred times the text."""
     import yaml
 
     try:
-        list(yaml.safe_load_all(text))
+        _check_yaml_events(yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
     except yaml.YAMLError as exc:
         raise KBError(ErrorCode.LOAD_FAILED, f"The content is not valid YAML: {exc}") from None
+
+
+def _check_yaml_events(events: Iterable[Any]) -> None:
+    """Nesting, and the nodes aliases would add if expanded, counted without expanding anything.
+
+    An anchored node's size (its nodes, through aliases too) is known when it ends, and an alias
+    adds that size, so a "billion laughs" is refused after a few lines. Undefined and duplicate
+    anchors are refused as PyYAML's composer refuses them."""
+    import yaml
+
+    anchored: dict[str, int] = {}  # anchor -> nodes of the anchored node, in the current document
+    open_collections: list[list[Any]] = []  # [anchor, nodes so far] of each open sequence or mapping
+    alias_nodes = 0
+    for event in events:
+        if isinstance(event, yaml.DocumentStartEvent):
+            anchored = {}
+            continue
+        if isinstance(event, yaml.AliasEvent):
+            nodes = _aliased_nodes(anchored, event)
+            alias_nodes += nodes
+            if alias_nodes > settings.KB_YAML_MAX_ALIAS_NODES:
+                raise KBError(
+                    ErrorCode.LOAD_FAILED,
+                    f"The YAML content's aliases expand to more than {settings.KB_YAML_MAX_ALIAS_NODES} nodes "
+                    "(KB_YAML_MAX_ALIAS_NODES)",
+                )
+        elif isinstance(event, yaml.CollectionStartEvent):
+            _define_anchor(anchored, event)
+            open_collections.append([event.anchor, 1])
+            _check_nesting(len(open_collections), "YAML")
+            continue
+        elif isinstance(event, yaml.ScalarEvent):
+            _define_anchor(anchored, event)
+            nodes = 1
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, nodes = open_collections.pop()
+            if anchor:
+                anchored[anchor] = nodes
+        else:
+            continue
+        if open_collections:
+            open_collections[-1][1] += nodes
+
+
+def _define_anchor(anchored: dict[str, int], event: Any) -> None:
+    from yaml.composer import ComposerError
+
+    if event.anchor in anchored:
+        raise ComposerError(None, None, f"found duplicate anchor {event.anchor!r}", event.start_mark)
+    if event.anchor:
+        anchored[event.anchor] = 1  # a collection's true size is recorded when it ends
+
+
+def _aliased_nodes(anchored: dict[str, int], event: Any) -> int:
+    from yaml.composer import ComposerError
+
+    if event.anchor not in anchored:
+        raise ComposerError(None, None, f"found undefined alias {event.anchor!r}", event.start_mark)
+    return anchored[event.anchor]
 
 
 def _guess_title(text: str, content_type: str, filename: str) -> str:
@@ -268,6 +387,7 @@ def _guess_title(text: str, content_type: str, filename: str) -> str:
 def _parse_html(html: str) -> ParsedDocument:
     import trafilatura
 
+    _check_html_shape(html)
     text = trafilatura.extract(
         html, output_format="markdown", include_tables=True, include_comments=False, favor_recall=True
     )
@@ -289,43 +409,93 @@ def _parse_html(html: str) -> ParsedDocument:
     return ParsedDocument(text=text.strip() + "\n", content_type="html", title=title[:500], metadata=metadata)
 
 
-def _parse_pdf(data: bytes) -> ParsedDocument:
-    from pypdf import PdfReader
+def _check_html_shape(html: str) -> None:
+    """Nesting and element count within budget, on the tree trafilatura will build (whose parser,
+    libxml2, itself stops at 256 levels): main-content extraction costs time for every element,
+    the more the deeper they nest."""
+    from lxml import etree
+    from trafilatura.utils import load_html
 
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise KBError(ErrorCode.LOAD_FAILED, "The PDF is encrypted with a password")
-        page_texts = [(page.extract_text() or "").replace("\r\n", "\n").strip() for page in reader.pages]
-        info = reader.metadata
-    except KBError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - pypdf raises many types on malformed input
-        raise KBError(ErrorCode.LOAD_FAILED, f"The PDF could not be read: {exc}") from None
+    tree = load_html(html)
+    if tree is None:
+        return  # nothing parseable: extraction finds no text and says so
+    depth = elements = 0
+    for event, _ in etree.iterwalk(tree, events=("start", "end")):
+        if event == "end":
+            depth -= 1
+            continue
+        depth += 1
+        elements += 1
+        _check_nesting(depth, "HTML")
+        if elements > settings.KB_HTML_MAX_ELEMENTS:
+            raise KBError(
+                ErrorCode.LOAD_FAILED,
+                f"The HTML page has more than {settings.KB_HTML_MAX_ELEMENTS} elements (KB_HTML_MAX_ELEMENTS)",
+            )
+
+
+def _parse_pdf(data: bytes) -> ParsedDocument:
+    extracted = _extract_pdf_in_child(data)
+    page_texts: list[str] = extracted["pages"]
     if not any(page_texts):
         raise KBError(ErrorCode.LOAD_FAILED, "The PDF has no extractable text (is it a scanned image?)")
     text, pages = _join_pages(page_texts)
     metadata: dict[str, Any] = {"page_count": len(page_texts)}
-    title = ""
-    if info is not None:
-        title = (info.title or "").strip()
-        if info.author:
-            metadata["author"] = info.author.strip()
-        metadata.update(
-            _epoch_dates(
-                creation_date=_safe_attr(info, "creation_date"), modification_date=_safe_attr(info, "modification_date")
-            )
-        )
+    title = extracted["title"]
+    if extracted["author"] is not None:
+        metadata["author"] = extracted["author"]
+    metadata.update(extracted["dates"])
     if title:
         metadata["title"] = title
     return ParsedDocument(text=text, content_type="pdf", title=title[:500], metadata=metadata, pages=pages)
 
 
-def _safe_attr(info: Any, name: str) -> datetime | None:
+def _extract_pdf_in_child(data: bytes) -> dict[str, Any]:
+    """kb.ingestion.pdf_text's result, run in a child process within the PDF budgets."""
+    timeout = settings.KB_PDF_TIMEOUT_SECONDS
+    command = [
+        sys.executable,
+        "-m",
+        pdf_text.__name__,
+        f"--max-pages={settings.KB_PDF_MAX_PAGES}",
+        f"--max-text-chars={settings.KB_MAX_DOCUMENT_BYTES}",
+        f"--memory-bytes={settings.KB_PDF_MAX_MEMORY_BYTES}",
+        f"--cpu-seconds={timeout}",
+    ]
+    too_long = f"Reading the PDF took more than {timeout} s (KB_PDF_TIMEOUT_SECONDS)"
     try:
-        return getattr(info, name)
-    except (ValueError, TypeError):  # malformed date strings in the PDF's info dictionary
-        return None
+        finished = subprocess.run(
+            command, input=data, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=_PROJECT_ROOT, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        raise KBError(ErrorCode.LOAD_FAILED, too_long) from None
+    if finished.returncode == -signal.SIGXCPU:
+        raise KBError(ErrorCode.LOAD_FAILED, too_long)
+    try:
+        extracted = json.loads(finished.stdout)
+    except ValueError:
+        # Killed, or out of memory where it could not even say so.
+        raise KBError(
+            ErrorCode.LOAD_FAILED,
+            f"The PDF could not be read within its budget (KB_PDF_MAX_MEMORY_BYTES, KB_PDF_TIMEOUT_SECONDS); "
+            f"the parser ended with status {finished.returncode}",
+        ) from None
+    failure = extracted.get("failure")
+    if failure:
+        raise KBError(ErrorCode.LOAD_FAILED, _pdf_failure_message(failure, extracted["detail"]))
+    return extracted
+
+
+def _pdf_failure_message(failure: str, detail: str) -> str:
+    return {
+        pdf_text.FAILURE_ENCRYPTED: "The PDF is encrypted with a password",
+        pdf_text.FAILURE_TOO_MANY_PAGES: f"The PDF has {detail} pages; the limit is {settings.KB_PDF_MAX_PAGES} "
+        "(KB_PDF_MAX_PAGES)",
+        pdf_text.FAILURE_TOO_MUCH_TEXT: f"The PDF's text is longer than {settings.KB_MAX_DOCUMENT_BYTES} characters "
+        "(KB_MAX_DOCUMENT_BYTES)",
+        pdf_text.FAILURE_OUT_OF_MEMORY: f"Reading the PDF needed more than {settings.KB_PDF_MAX_MEMORY_BYTES} bytes "
+        "of memory (KB_PDF_MAX_MEMORY_BYTES)",
+    }.get(failure, f"The PDF could not be read: {detail}")
 
 
 def _join_pages(page_texts: list[str]) -> tuple[str, tuple[Page, ...]]:
@@ -344,48 +514,23 @@ def _join_pages(page_texts: list[str]) -> tuple[str, tuple[Page, ...]]:
 
 
 def _parse_docx(data: bytes) -> ParsedDocument:
-    import docx
+    from kb.ingestion.docx_text import read_docx
 
-    try:
-        document = docx.Document(io.BytesIO(data))
-    except Exception as exc:  # noqa: BLE001 - python-docx raises many types on malformed input
-        raise KBError(ErrorCode.LOAD_FAILED, f"The DOCX file could not be read: {exc}") from None
-    blocks = []
-    for block in document.iter_inner_content():
-        if isinstance(block, docx.text.paragraph.Paragraph):
-            line = _docx_paragraph_markdown(block)
-        else:
-            line = "\n".join(" | ".join(cell.text.strip() for cell in row.cells) for row in block.rows)
-        if line.strip():
-            blocks.append(line)
-    if not blocks:
+    content = read_docx(data, max_text_chars=settings.KB_MAX_DOCUMENT_BYTES)
+    if not content.blocks:
         raise KBError(ErrorCode.LOAD_FAILED, "The DOCX file has no text")
-    properties = document.core_properties
     metadata: dict[str, Any] = {}
-    if properties.author:
-        metadata["author"] = properties.author
-    if properties.title:
-        metadata["title"] = properties.title
-    metadata.update(_epoch_dates(creation_date=properties.created, modification_date=properties.modified))
+    if content.author:
+        metadata["author"] = content.author
+    if content.title:
+        metadata["title"] = content.title
+    metadata.update(_epoch_dates(creation_date=content.created, modification_date=content.modified))
     return ParsedDocument(
-        text="\n\n".join(blocks) + "\n",
+        text="\n\n".join(content.blocks) + "\n",
         content_type="docx",
-        title=(properties.title or "")[:500],
+        title=content.title[:500],
         metadata=metadata,
     )
-
-
-def _docx_paragraph_markdown(paragraph: Any) -> str:
-    style = (paragraph.style.name if paragraph.style is not None else "") or ""
-    text = paragraph.text.strip()
-    if style == "Title":
-        return f"# {text}"
-    heading = re.match(r"Heading (\d)", style)
-    if heading:
-        return f"{'#' * min(int(heading.group(1)) + 1, 6)} {text}"
-    if style.startswith("List"):
-        return f"- {text}"
-    return text
 
 
 def _epoch_dates(**dates: datetime | None) -> dict[str, float]:

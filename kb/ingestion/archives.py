@@ -1,0 +1,104 @@
+"""Opening ZIP-based documents (DOCX) without trusting what the archive says about itself.
+
+A ZIP file declares its entries in a central directory that anyone can write: a few hundred KB
+can announce gigabytes that inflate from runs of zeros, or hundreds of thousands of entries that
+cost memory merely to list. So the directory is checked against the budgets before any part is
+read (entry count first, from the end record, before ``zipfile`` builds one object per entry),
+and parts are then read in chunks, never whole.
+"""
+
+import io
+import struct
+import zipfile
+from collections.abc import Iterator
+
+from django.conf import settings
+
+from kb.errors import ErrorCode, KBError
+
+# End of central directory record, and its ZIP64 locator and record (used past 65,535 entries).
+_END_RECORD = struct.Struct("<4s4H2LH")
+_END_RECORD_SIGNATURE = b"PK\x05\x06"
+_ZIP64_LOCATOR = struct.Struct("<4sLQL")
+_ZIP64_LOCATOR_SIGNATURE = b"PK\x06\x07"
+_ZIP64_END_RECORD = struct.Struct("<4sQ2H2L4Q")
+_ZIP64_END_RECORD_SIGNATURE = b"PK\x06\x06"
+_MAX_COMMENT_BYTES = 65535
+# Small XML parts (relationships, settings) legitimately shrink far more than 100:1; the ratio is
+# only meaningful, and only dangerous, for large entries.
+_RATIO_CHECKED_FROM_BYTES = 1024 * 1024
+_READ_CHUNK_BYTES = 64 * 1024
+
+
+def open_archive(data: bytes, *, kind: str) -> zipfile.ZipFile:
+    """The archive, once its declared entries fit the budgets; LOAD_FAILED naming the budget otherwise."""
+    entry_count = declared_entry_count(data)
+    if entry_count is not None and entry_count > settings.KB_ARCHIVE_MAX_ENTRIES:
+        raise KBError(
+            ErrorCode.LOAD_FAILED,
+            f"The {kind} file holds {entry_count} entries; the limit is {settings.KB_ARCHIVE_MAX_ENTRIES} "
+            "(KB_ARCHIVE_MAX_ENTRIES)",
+        )
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+        raise KBError(ErrorCode.LOAD_FAILED, f"The {kind} file could not be read: {exc}") from None
+    _check_declared_sizes(archive, kind)
+    return archive
+
+
+def declared_entry_count(data: bytes) -> int | None:
+    """The entry count the end record declares, or None when the bytes have no end record."""
+    position = data.rfind(_END_RECORD_SIGNATURE, max(0, len(data) - _END_RECORD.size - _MAX_COMMENT_BYTES))
+    if position < 0 or position + _END_RECORD.size > len(data):
+        return None
+    entry_count = _END_RECORD.unpack_from(data, position)[4]
+    if entry_count == 0xFFFF:  # the real count is in the ZIP64 end record
+        return _zip64_entry_count(data, position) or entry_count
+    return entry_count
+
+
+def _zip64_entry_count(data: bytes, end_record_position: int) -> int | None:
+    locator_position = end_record_position - _ZIP64_LOCATOR.size
+    if locator_position < 0 or data[locator_position : locator_position + 4] != _ZIP64_LOCATOR_SIGNATURE:
+        return None
+    record_position = _ZIP64_LOCATOR.unpack_from(data, locator_position)[2]
+    if record_position + _ZIP64_END_RECORD.size > len(data):
+        return None
+    if data[record_position : record_position + 4] != _ZIP64_END_RECORD_SIGNATURE:
+        return None
+    return _ZIP64_END_RECORD.unpack_from(data, record_position)[7]
+
+
+def _check_declared_sizes(archive: zipfile.ZipFile, kind: str) -> None:
+    total = 0
+    for entry in archive.infolist():
+        if entry.file_size > settings.KB_ARCHIVE_MAX_ENTRY_BYTES:
+            raise KBError(
+                ErrorCode.LOAD_FAILED,
+                f"The {kind} file's part {entry.filename[:200]!r} inflates to {entry.file_size} bytes; the limit "
+                f"is {settings.KB_ARCHIVE_MAX_ENTRY_BYTES} (KB_ARCHIVE_MAX_ENTRY_BYTES)",
+            )
+        ratio = entry.file_size / max(entry.compress_size, 1)
+        if entry.file_size >= _RATIO_CHECKED_FROM_BYTES and ratio > settings.KB_ARCHIVE_MAX_RATIO:
+            raise KBError(
+                ErrorCode.LOAD_FAILED,
+                f"The {kind} file's part {entry.filename[:200]!r} inflates {ratio:.0f} times; the limit is "
+                f"{settings.KB_ARCHIVE_MAX_RATIO} (KB_ARCHIVE_MAX_RATIO)",
+            )
+        total += entry.file_size
+    if total > settings.KB_ARCHIVE_MAX_TOTAL_BYTES:
+        raise KBError(
+            ErrorCode.LOAD_FAILED,
+            f"The {kind} file inflates to {total} bytes; the limit is {settings.KB_ARCHIVE_MAX_TOTAL_BYTES} "
+            "(KB_ARCHIVE_MAX_TOTAL_BYTES)",
+        )
+
+
+def read_chunks(archive: zipfile.ZipFile, name: str) -> Iterator[bytes]:
+    """A part's bytes in chunks. zipfile stops each part at the size its directory entry declares
+    (failing the CRC check if the part holds more), and open_archive held those sizes to the
+    budgets, so a directory that understates a part cannot make it cost more."""
+    with archive.open(name) as part:
+        while chunk := part.read(_READ_CHUNK_BYTES):
+            yield chunk

@@ -1,0 +1,365 @@
+"""The text of a DOCX file, read as a stream with memory that does not grow with the document.
+
+python-docx builds the whole ``word/document.xml`` tree (about eight bytes of memory per byte of
+XML) and resolved each paragraph's style by scanning every style, so a real 5 MB document cost
+hundreds of MB and a million empty paragraphs took minutes. Here the XML is fed in chunks to an
+lxml parser whose callbacks keep only the paragraph or table row being read, and give the text
+python-docx gives: body paragraphs (runs and hyperlinks, tabs and breaks) as Markdown by their
+style, tables row by row with merged cells repeated, and the core properties.
+"""
+
+import posixpath
+import re
+import zipfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from lxml import etree
+
+from kb.errors import ErrorCode, KBError
+from kb.ingestion.archives import open_archive, read_chunks
+
+_W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+_BODY, _P, _TBL, _TR, _TC = f"{_W}body", f"{_W}p", f"{_W}tbl", f"{_W}tr", f"{_W}tc"
+_R, _T, _BR, _HYPERLINK = f"{_W}r", f"{_W}t", f"{_W}br", f"{_W}hyperlink"
+_PPR, _PSTYLE, _TRPR, _TCPR = f"{_W}pPr", f"{_W}pStyle", f"{_W}trPr", f"{_W}tcPr"
+_GRID_BEFORE, _GRID_SPAN, _VMERGE = f"{_W}gridBefore", f"{_W}gridSpan", f"{_W}vMerge"
+_STYLE, _NAME, _VAL, _TYPE = f"{_W}style", f"{_W}name", f"{_W}val", f"{_W}type"
+# What the other run children stand for in python-docx's Run.text (w:br depends on its type).
+_RUN_TEXT = {f"{_W}tab": "\t", f"{_W}ptab": "\t", f"{_W}cr": "\n", f"{_W}noBreakHyphen": "-"}
+_RUN_PATHS = ((_R,), (_HYPERLINK, _R))  # runs that count, below their paragraph
+_ROW_PATH = [_BODY, _TBL, _TR]
+_CELL_PATH = [_BODY, _TBL, _TR, _TC]
+# Word tables have at most 63 columns; a larger span is malformed and would repeat a cell endlessly.
+_MAX_GRID_SPAN = 64
+# python-docx shows these built-in styles by their user-interface names.
+_UI_STYLE_NAMES = {"caption": "Caption", "footer": "Footer", "header": "Header"} | {
+    f"heading {level}": f"Heading {level}" for level in range(1, 10)
+}
+_CORE_PROPERTIES = {
+    "{http://purl.org/dc/elements/1.1/}title": "title",
+    "{http://purl.org/dc/elements/1.1/}creator": "author",
+    "{http://purl.org/dc/terms/}created": "created",
+    "{http://purl.org/dc/terms/}modified": "modified",
+}
+_RELATIONSHIP = "{http://schemas.openxmlformats.org/package/2006/relationships}Relationship"
+_W3CDTF_OFFSET = re.compile(r"([+-])(\d\d):(\d\d)")
+_HEADING_STYLE = re.compile(r"Heading (\d)")
+# Malformed XML, a missing part, a bad CRC, an encrypted part or an unknown compression method.
+_MALFORMED = (etree.LxmlError, zipfile.BadZipFile, KeyError, ValueError, OSError, RuntimeError, NotImplementedError)
+
+
+@dataclass(frozen=True)
+class DocxContent:
+    """A document's blocks as Markdown (paragraphs, and tables as ``a | b`` lines) and its properties."""
+
+    blocks: list[str]
+    title: str = ""
+    author: str = ""
+    created: datetime | None = None
+    modified: datetime | None = None
+
+
+def read_docx(data: bytes, *, max_text_chars: int) -> DocxContent:
+    """Blocks and properties of a DOCX file; LOAD_FAILED when it is malformed or over a budget."""
+    archive = open_archive(data, kind="DOCX")
+    try:
+        return _read_package(archive, max_text_chars)
+    except KBError:
+        raise
+    except _MALFORMED as exc:
+        raise KBError(ErrorCode.LOAD_FAILED, f"The DOCX file could not be read: {exc}") from None
+    finally:
+        archive.close()
+
+
+def _read_package(archive: zipfile.ZipFile, max_text_chars: int) -> DocxContent:
+    package_parts = _related_parts(archive, "")
+    document_name = package_parts.get("officeDocument")
+    if document_name is None:
+        raise KBError(ErrorCode.LOAD_FAILED, "The DOCX file could not be read: it has no main document part")
+    style_names = _StyleNames()
+    styles_name = _related_parts(archive, document_name).get("styles")
+    if styles_name:
+        _feed(archive, styles_name, style_names)
+    body = _Body(style_names, max_text_chars)
+    _feed(archive, document_name, body)
+    properties = _CoreProperties()
+    core_name = package_parts.get("core-properties")
+    if core_name:
+        _feed(archive, core_name, properties)
+    return DocxContent(
+        blocks=body.blocks,
+        title=properties.values.get("title", ""),
+        author=properties.values.get("author", ""),
+        created=_w3cdtf_datetime(properties.values.get("created")),
+        modified=_w3cdtf_datetime(properties.values.get("modified")),
+    )
+
+
+def _feed(archive: zipfile.ZipFile, name: str, target: "_PartHandler") -> None:
+    # No DTD (see _PartHandler.doctype), no entity expansion, no network: OOXML needs none of them.
+    parser = etree.XMLParser(target=target, resolve_entities=False, no_network=True)
+    for chunk in read_chunks(archive, name):
+        parser.feed(chunk)
+    parser.close()
+
+
+def _related_parts(archive: zipfile.ZipFile, source_name: str) -> dict[str, str]:
+    """Internal relationship targets of a part ("" for the package), by the last word of their type."""
+    directory, base = posixpath.split(source_name)
+    rels_name = posixpath.join(directory, "_rels", f"{base}.rels")
+    try:
+        archive.getinfo(rels_name)
+    except KeyError:
+        return {}
+    relationships = _Relationships()
+    _feed(archive, rels_name, relationships)
+    parts: dict[str, str] = {}
+    for kind, target in relationships.targets:
+        resolved = target.lstrip("/") if target.startswith("/") else posixpath.join(directory, target)
+        parts.setdefault(kind, posixpath.normpath(resolved))
+    return parts
+
+
+class _PartHandler:
+    """lxml parser-target callbacks for one part; by default ignoring everything but a DTD."""
+
+    def doctype(self, name: str, public_id: str | None, system_id: str | None) -> None:
+        # Office documents never declare a DTD; one could only be there to define entities.
+        raise KBError(ErrorCode.LOAD_FAILED, "The DOCX file could not be read: a part declares a DTD")
+
+    def start(self, tag: str, attrib: Any) -> None:
+        pass
+
+    def end(self, tag: str) -> None:
+        pass
+
+    def data(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Relationships(_PartHandler):
+    def __init__(self) -> None:
+        self.targets: list[tuple[str, str]] = []
+
+    def start(self, tag: str, attrib: Any) -> None:
+        if tag == _RELATIONSHIP and attrib.get("TargetMode") != "External":
+            self.targets.append((attrib.get("Type", "").rsplit("/", 1)[-1], attrib.get("Target", "")))
+
+
+class _StyleNames(_PartHandler):
+    """Paragraph style names by style id, and the default one, resolved as python-docx does."""
+
+    def __init__(self) -> None:
+        self._styles: dict[str, tuple[str | None, str]] = {}  # id -> (type, name); the first id wins
+        self._default = ""
+        self._style: dict[str, Any] | None = None
+
+    def name_of(self, style_id: str | None) -> str:
+        style_type, name = self._styles.get(style_id or "", (None, ""))
+        return name if style_type == "paragraph" else self._default
+
+    def start(self, tag: str, attrib: Any) -> None:
+        if tag == _STYLE:
+            self._style = {"id": attrib.get(f"{_W}styleId"), "type": attrib.get(_TYPE), "name": None}
+            self._style["default"] = attrib.get(f"{_W}default") in ("1", "true", "on")
+        elif tag == _NAME and self._style is not None and self._style["name"] is None:
+            name = attrib.get(_VAL) or ""
+            self._style["name"] = _UI_STYLE_NAMES.get(name, name)
+
+    def end(self, tag: str) -> None:
+        if tag != _STYLE or self._style is None:
+            return
+        style, self._style = self._style, None
+        name = style["name"] or ""
+        if style["id"] is not None:
+            self._styles.setdefault(style["id"], (style["type"], name))
+        if style["type"] == "paragraph" and style["default"]:
+            self._default = name  # the last default wins, as the specification says
+
+
+class _CoreProperties(_PartHandler):
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+        self._reading: str | None = None
+        self._depth = 0
+
+    def start(self, tag: str, attrib: Any) -> None:
+        self._depth += 1
+        name = _CORE_PROPERTIES.get(tag)
+        if self._depth == 2 and name and name not in self.values:
+            self._reading = name
+            self.values[name] = ""
+
+    def end(self, tag: str) -> None:
+        self._depth -= 1
+        self._reading = None
+
+    def data(self, text: str) -> None:
+        if self._reading:
+            self.values[self._reading] += text
+
+
+@dataclass
+class _Cell:
+    offset: int
+    span: int = 1
+    continues_above: bool = False
+    paragraphs: list[str] = field(default_factory=list)
+
+
+class _Body(_PartHandler):
+    """Paragraphs and tables of ``w:body`` in document order, keeping only the block being read.
+
+    As in python-docx, only direct children of the body are blocks (content inside revision marks or
+    content controls is skipped), a table cell's text is its own paragraphs (not nested tables), a
+    horizontally merged cell is repeated once per grid column, and a vertically merged one repeats
+    the cell above it. Every character of the resulting text counts towards ``max_text_chars``, so
+    repeated cells cannot multiply a small document into a huge text.
+    """
+
+    def __init__(self, style_names: _StyleNames, max_text_chars: int) -> None:
+        self.blocks: list[str] = []
+        self._style_names = style_names
+        self._max_text_chars = max_text_chars
+        self._text_chars = 0
+        self._path: list[str] = [""]  # open elements, below a sentinel standing for the document's parent
+        self._paragraph: list[str] | None = None
+        self._paragraph_depth = 0
+        self._style_id: str | None = None
+        self._in_text = False
+        self._table: list[str] | None = None
+        self._row: list[_Cell] = []
+        self._grid_before = 0
+        self._cells_above: dict[int, tuple[str, int]] = {}  # grid offset -> (text, span) in the row above
+
+    def start(self, tag: str, attrib: Any) -> None:
+        path = self._path
+        path.append(tag)
+        if self._paragraph is not None:
+            self._start_in_paragraph(tag, attrib)
+        elif tag == _P and (path[-2] == _BODY or path[-5:-1] == _CELL_PATH):
+            self._paragraph, self._paragraph_depth, self._style_id = [], len(path), None
+        elif tag == _TBL and path[-2] == _BODY:
+            self._table, self._cells_above = [], {}
+        elif path[-3:] == _ROW_PATH:
+            self._row, self._grid_before = [], 0
+        elif path[-4:] == _CELL_PATH:
+            offset = self._row[-1].offset + self._row[-1].span if self._row else self._grid_before
+            self._row.append(_Cell(offset=offset))
+        elif path[-5:] == [*_ROW_PATH, _TRPR, _GRID_BEFORE]:
+            self._grid_before = _int_value(attrib, default=0)
+        elif path[-6:-1] == [*_CELL_PATH, _TCPR] and self._row:
+            if tag == _GRID_SPAN:
+                self._row[-1].span = min(max(_int_value(attrib, default=1), 1), _MAX_GRID_SPAN)
+            elif tag == _VMERGE:
+                self._row[-1].continues_above = attrib.get(_VAL, "continue") == "continue"
+
+    def _start_in_paragraph(self, tag: str, attrib: Any) -> None:
+        below = tuple(self._path[self._paragraph_depth :])
+        if below == (_PPR, _PSTYLE):
+            self._style_id = attrib.get(_VAL)
+        elif below[:-1] in _RUN_PATHS:
+            if tag == _T:
+                self._in_text = True
+            elif tag == _BR:
+                self._add_text("\n" if attrib.get(_TYPE, "textWrapping") == "textWrapping" else "")
+            elif tag in _RUN_TEXT:
+                self._add_text(_RUN_TEXT[tag])
+
+    def data(self, text: str) -> None:
+        if self._in_text:
+            self._add_text(text)
+
+    def _add_text(self, text: str) -> None:
+        if self._table is None:  # a cell's text is counted when its row is built
+            self._count(len(text))
+        assert self._paragraph is not None
+        self._paragraph.append(text)
+
+    def _count(self, chars: int) -> None:
+        self._text_chars += chars
+        if self._text_chars > self._max_text_chars:
+            raise KBError(
+                ErrorCode.LOAD_FAILED,
+                f"The DOCX file's text is longer than {self._max_text_chars} characters (KB_MAX_DOCUMENT_BYTES)",
+            )
+
+    def end(self, tag: str) -> None:
+        self._in_text = False
+        path = self._path
+        if self._paragraph is not None and len(path) == self._paragraph_depth:
+            self._end_paragraph()
+        elif path[-3:] == _ROW_PATH:
+            self._end_row()
+        elif self._table is not None and tag == _TBL and path[-2] == _BODY:
+            self._add_block("\n".join(self._table))
+            self._table = None
+        path.pop()
+
+    def _end_paragraph(self) -> None:
+        text = "".join(self._paragraph or ())
+        self._paragraph = None
+        if self._table is None:
+            self._add_block(_paragraph_markdown(self._style_names.name_of(self._style_id), text.strip()))
+        elif self._row:
+            self._row[-1].paragraphs.append(text)
+
+    def _end_row(self) -> None:
+        cells: list[str] = []
+        below: dict[int, tuple[str, int]] = {}
+        for cell in self._row:
+            own = ("\n".join(cell.paragraphs), cell.span)
+            text, span = self._cells_above.get(cell.offset, own) if cell.continues_above else own
+            below[cell.offset] = (text, span)
+            self._count(len(text) * span)
+            cells.extend([text.strip()] * span)
+        if self._table is not None:
+            self._table.append(" | ".join(cells))
+        self._cells_above, self._row = below, []
+
+    def _add_block(self, line: str) -> None:
+        if line.strip():
+            self.blocks.append(line)
+
+
+def _paragraph_markdown(style: str, text: str) -> str:
+    if style == "Title":
+        return f"# {text}"
+    heading = _HEADING_STYLE.match(style)
+    if heading:
+        return f"{'#' * min(int(heading.group(1)) + 1, 6)} {text}"
+    if style.startswith("List"):
+        return f"- {text}"
+    return text
+
+
+def _int_value(attrib: Any, *, default: int) -> int:
+    try:
+        return int(attrib.get(_VAL, default))
+    except ValueError:
+        return default
+
+
+def _w3cdtf_datetime(text: str | None) -> datetime | None:
+    """A core-properties date as python-docx reads it: a date, or a time with an optional UTC offset."""
+    if not text:
+        return None
+    parsed = None
+    for template in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d", "%Y-%m", "%Y"):
+        try:
+            parsed = datetime.strptime(text[:19], template)
+        except ValueError:
+            continue
+    offset = text[19:]
+    if parsed is None or (len(offset) == 6 and not _W3CDTF_OFFSET.match(offset)):
+        return None
+    if len(offset) == 6:
+        sign, hours, minutes = offset[0], int(offset[1:3]), int(offset[4:6])
+        parsed -= (1 if sign == "+" else -1) * timedelta(hours=hours, minutes=minutes)
+    return parsed.replace(tzinfo=UTC)

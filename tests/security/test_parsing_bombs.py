@@ -1,0 +1,316 @@
+"""Parsing bombs (issue 11): documents small on disk that would make a parser spend unbounded time or
+memory are refused through the real ingestion service with LOAD_FAILED, a message naming the budget
+(a setting), and nothing written. The bombs are built here, a few KB to a few hundred KB each.
+Ordinary documents still parse to the text they always gave."""
+
+import base64
+import io
+import zipfile
+import zlib
+
+import pytest
+
+from kb.errors import ErrorCode, KBError
+from kb.models import Chunk, Document
+from kb.services.collections import collection_create
+from kb.services.ingest import document_ingest, document_ingest_upload
+from tests.support.documents import make_docx, make_pdf
+
+WORD = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+
+
+@pytest.fixture
+def collection(db):
+    return collection_create(name="bombs")
+
+
+def written() -> tuple[int, int]:
+    return Document.objects.count(), Chunk.objects.count()
+
+
+def refused_upload(collection, filename: str, data: bytes) -> str:
+    """The LOAD_FAILED message an upload gets; asserts that nothing was written."""
+    before = written()
+    with pytest.raises(KBError) as error:
+        document_ingest_upload(collection=collection, filename=filename, data=data)
+    assert error.value.code == ErrorCode.LOAD_FAILED, error.value
+    assert written() == before
+    return error.value.message
+
+
+def refused_data_uri(collection, data: bytes, content_type: str | None = None) -> str:
+    """The same for a data: URI; without a content type, the format is recognised from the bytes."""
+    before = written()
+    uri = "data:;base64," + base64.b64encode(data).decode()
+    with pytest.raises(KBError) as error:
+        document_ingest(collection=collection, uri=uri, file_roots=[], content_type=content_type)
+    assert error.value.code == ErrorCode.LOAD_FAILED, error.value
+    assert written() == before
+    return error.value.message
+
+
+# --- DOCX and other ZIP-based formats --------------------------------------------------------------
+
+
+def rebuilt_docx(*, document_xml: bytes | None = None, extra_parts: dict[str, bytes] | None = None) -> bytes:
+    """An ordinary DOCX with its main document replaced and parts added."""
+    base = make_docx(title="Report", heading="Results", paragraphs=["Ingestion doubled."])
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(base)) as source, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as target:
+        for entry in source.infolist():
+            data = source.read(entry.filename)
+            if entry.filename == "word/document.xml" and document_xml is not None:
+                data = document_xml
+            target.writestr(entry.filename, data)
+        for name, data in (extra_parts or {}).items():
+            target.writestr(name, data)
+    return out.getvalue()
+
+
+def body(content: bytes) -> bytes:
+    return f'<w:document xmlns:w="{WORD}"><w:body>'.encode() + content + b"</w:body></w:document>"
+
+
+def docx_with_zeros_part(size: int) -> bytes:
+    """A DOCX with one part of ``size`` zero bytes, written in pieces so the test itself stays small."""
+    out = io.BytesIO(rebuilt_docx())
+    with (
+        zipfile.ZipFile(out, "a", zipfile.ZIP_DEFLATED) as archive,
+        archive.open("word/media/image1.png", "w", force_zip64=True) as part,
+    ):
+        for _ in range(size // (1024 * 1024)):
+            part.write(bytes(1024 * 1024))
+    return out.getvalue()
+
+
+def test_a_docx_part_that_inflates_to_hundreds_of_mb_is_refused_before_it_is_read(collection):
+    bomb = docx_with_zeros_part(400 * 1024 * 1024)
+    assert len(bomb) < 1024 * 1024
+    message = refused_upload(collection, "bomb.docx", bomb)
+    assert "image1.png" in message and "KB_ARCHIVE_MAX_ENTRY_BYTES" in message
+
+
+def test_a_docx_part_that_inflates_a_thousandfold_is_refused(collection):
+    message = refused_upload(collection, "bomb.docx", docx_with_zeros_part(2 * 1024 * 1024))
+    assert "KB_ARCHIVE_MAX_RATIO" in message
+
+
+def test_a_million_empty_paragraphs_are_refused(collection):
+    bomb = rebuilt_docx(document_xml=body(b"<w:p/>" * 1_000_000))
+    assert len(bomb) < 100 * 1024
+    message = refused_upload(collection, "bomb.docx", bomb)
+    assert "word/document.xml" in message and "KB_ARCHIVE_MAX_RATIO" in message
+
+
+def test_a_million_empty_paragraphs_under_a_raised_ratio_are_read_as_a_stream(collection, settings):
+    """What python-docx took minutes over is streamed, keeping no paragraph once read."""
+    settings.KB_ARCHIVE_MAX_RATIO = 10_000
+    bomb = rebuilt_docx(document_xml=body(b"<w:p/>" * 1_000_000))
+    assert "has no text" in refused_upload(collection, "bomb.docx", bomb)
+
+
+def test_a_docx_with_too_many_entries_is_refused_before_they_are_listed(collection):
+    parts = {f"customXml/extra{number}.xml": b"<a/>" for number in range(6000)}
+    message = refused_upload(collection, "bomb.docx", rebuilt_docx(extra_parts=parts))
+    assert "KB_ARCHIVE_MAX_ENTRIES" in message
+
+
+def test_a_docx_whose_parts_add_up_past_the_total_is_refused(collection, settings):
+    settings.KB_ARCHIVE_MAX_TOTAL_BYTES = 1024 * 1024
+    parts = {f"word/media/image{number}.png": bytes(range(256)) * 2048 for number in range(3)}  # 512 KB each
+    assert "KB_ARCHIVE_MAX_TOTAL_BYTES" in refused_upload(collection, "big.docx", rebuilt_docx(extra_parts=parts))
+
+
+def test_a_docx_whose_directory_understates_a_part_is_not_read_past_it(collection):
+    """A million empty paragraphs declared as 1 KB pass the size and ratio checks; reading stops at
+    the declared 1 KB (and fails its checksum) instead of parsing the rest."""
+    honest = rebuilt_docx(document_xml=body(b"<w:p/>" * 1_000_000))
+    lying = bytearray(honest)
+    entry = lying.rindex(b"word/document.xml") - 46  # the part's central directory entry
+    assert lying[entry : entry + 4] == b"PK\x01\x02"
+    lying[entry + 24 : entry + 28] = (1024).to_bytes(4, "little")  # its declared uncompressed size
+    assert "could not be read" in refused_upload(collection, "lying.docx", bytes(lying))
+
+
+def test_merged_cells_cannot_multiply_a_small_docx_into_a_huge_text(collection, settings):
+    """Each row's vertically merged cell repeats the first row's 10 KB: 2000 rows would make 20 MB."""
+    settings.KB_MAX_DOCUMENT_BYTES = 1024 * 1024
+    first = b"<w:tr><w:tc><w:tcPr><w:vMerge w:val='restart'/></w:tcPr><w:p><w:r><w:t>%s</w:t></w:r></w:p></w:tc></w:tr>"
+    repeat = b"<w:tr><w:tc><w:tcPr><w:vMerge/></w:tcPr><w:p/></w:tc></w:tr>"
+    bomb = rebuilt_docx(document_xml=body(b"<w:tbl>" + first % (b"x" * 10_000) + repeat * 2000 + b"</w:tbl>"))
+    assert len(bomb) < 100 * 1024
+    assert "KB_MAX_DOCUMENT_BYTES" in refused_upload(collection, "cells.docx", bomb)
+
+
+def test_a_docx_part_declaring_xml_entities_is_refused(collection):
+    laughs = b'<!DOCTYPE d [<!ENTITY a "lol"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]>'
+    document = laughs + body(b"<w:p><w:r><w:t>Plain text &b;</w:t></w:r></w:p>")
+    assert "declares a DTD" in refused_upload(collection, "entities.docx", rebuilt_docx(document_xml=document))
+
+
+# --- PDF ---------------------------------------------------------------------------------------------
+
+
+def pdf_with_shared_content(*, pages: int, content: bytes) -> bytes:
+    """A PDF whose pages all draw the same compressed content stream."""
+    packed = zlib.compress(content, 9)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [%s] /Count %d >>" % (b" ".join(b"%d 0 R" % (5 + n) for n in range(pages)), pages),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (len(packed), packed),
+    ]
+    page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 3 0 R >> >> >>"
+    objects += [page] * pages
+    out = io.BytesIO()
+    out.write(b"%PDF-1.4\n")
+    offsets = []
+    for number, text in enumerate(objects, start=1):
+        offsets.append(out.tell())
+        out.write(b"%d 0 obj\n%s\nendobj\n" % (number, text))
+    xref = out.tell()
+    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
+    out.write(b"".join(b"%010d 00000 n \n" % offset for offset in offsets))
+    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
+    return out.getvalue()
+
+
+def test_pages_sharing_a_content_stream_of_megabytes_are_stopped_at_the_time_budget(collection, settings):
+    settings.KB_PDF_TIMEOUT_SECONDS = 2
+    drawing = b"BT /F1 12 Tf 72 720 Td (x) Tj ET\n" * 150_000  # 5 MB of text operations
+    bomb = pdf_with_shared_content(pages=20, content=drawing)
+    assert len(bomb) < 64 * 1024
+    message = refused_upload(collection, "shared.pdf", bomb)
+    assert "KB_PDF_TIMEOUT_SECONDS" in message
+
+
+def test_a_content_stream_that_inflates_past_the_memory_budget_is_refused(collection, settings):
+    settings.KB_PDF_MAX_MEMORY_BYTES = 128 * 1024 * 1024
+    bomb = pdf_with_shared_content(pages=1, content=b" " * (70 * 1024 * 1024))
+    assert len(bomb) < 256 * 1024
+    assert "KB_PDF_MAX_MEMORY_BYTES" in refused_upload(collection, "inflating.pdf", bomb)
+
+
+def test_a_pdf_over_the_page_budget_is_refused(collection, settings):
+    settings.KB_PDF_MAX_PAGES = 3
+    message = refused_upload(collection, "long.pdf", make_pdf([f"Page {n}" for n in range(5)]))
+    assert "5 pages" in message and "KB_PDF_MAX_PAGES" in message
+
+
+def test_a_pdf_yielding_more_text_than_a_document_may_hold_is_refused(collection, settings):
+    settings.KB_MAX_DOCUMENT_BYTES = 64 * 1024
+    drawing = b"BT /F1 12 Tf 72 720 Td (%s) Tj ET\n" % (b"x" * 1000)
+    bomb = pdf_with_shared_content(pages=100, content=drawing)
+    assert "KB_MAX_DOCUMENT_BYTES" in refused_upload(collection, "wordy.pdf", bomb)
+
+
+# --- JSON, YAML, HTML --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content_type", [None, "json"])
+def test_deeply_nested_json_is_refused_by_its_depth_not_a_recursion_error(collection, content_type):
+    message = refused_data_uri(collection, b"[" * 100_000 + b"]" * 100_000, content_type)
+    assert "JSON" in message and "KB_PARSE_MAX_DEPTH" in message
+
+
+def test_brackets_inside_json_strings_are_not_nesting(collection):
+    text = '{"note": "' + "[" * 1000 + '", "escaped \\" [[[[": [1, 2]}'
+    stored = document_ingest_upload(collection=collection, filename="brackets.json", data=text.encode())
+    assert stored.document.raw_content == text
+
+
+@pytest.mark.parametrize(
+    "yaml_text",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b"- " * 100_000 + b"x\n",
+        b"a:\n" + b"".join(b"  " * n + b"b:\n" for n in range(1, 300)),
+    ],
+    ids=["flow", "compact sequences", "indented mappings"],
+)
+def test_deeply_nested_yaml_is_refused_by_its_depth(collection, yaml_text):
+    message = refused_upload(collection, "deep.yaml", yaml_text)
+    assert "YAML" in message and "KB_PARSE_MAX_DEPTH" in message
+
+
+BILLION_LAUGHS = b'a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + b"".join(
+    b"a%d: &a%d [%s]\n" % (level, level, b",".join([b"*a%d" % (level - 1)] * 9)) for level in range(1, 9)
+)
+# Merge keys make PyYAML really copy: this one took seconds per level when loaded, each level nine times more.
+MERGE_KEY_LAUGHS = b"a0: &a0 {k: 1}\n" + b"".join(
+    b"a%d: &a%d {<<: [%s]}\n" % (level, level, b",".join([b"*a%d" % (level - 1)] * 9)) for level in range(1, 12)
+)
+
+
+@pytest.mark.parametrize("yaml_text", [BILLION_LAUGHS, MERGE_KEY_LAUGHS], ids=["aliases", "merge keys"])
+def test_yaml_aliases_that_expand_to_billions_of_nodes_are_refused(collection, yaml_text):
+    assert len(yaml_text) < 1024
+    assert "KB_YAML_MAX_ALIAS_NODES" in refused_upload(collection, "laughs.yaml", yaml_text)
+
+
+def test_yaml_anchors_as_configuration_files_use_them_are_accepted(collection):
+    text = "defaults: &defaults\n  image: kb\n  restart: always\nweb:\n  <<: *defaults\n  port: 8001\nworker:\n  <<: *defaults\n"
+    stored = document_ingest_upload(collection=collection, filename="compose.yaml", data=text.encode())
+    assert stored.document.raw_content == text
+
+
+@pytest.mark.parametrize("yaml_text", [b"a: *nowhere\n", b"a: &x 1\nb: &x 2\n"], ids=["undefined", "duplicate"])
+def test_yaml_with_bad_anchors_is_still_invalid(collection, yaml_text):
+    assert "not valid YAML" in refused_upload(collection, "anchors.yaml", yaml_text)
+
+
+def test_deeply_nested_html_is_refused_by_its_depth(collection):
+    page = b"<html><body>" + b"<div>" * 100_000 + b"deep text" + b"</div>" * 100_000 + b"</body></html>"
+    message = refused_data_uri(collection, page)
+    assert "HTML" in message and "KB_PARSE_MAX_DEPTH" in message
+
+
+def test_an_html_page_with_too_many_elements_is_refused(collection):
+    page = b"<html><body>" + b"<p>x</p>" * 30_000 + b"</body></html>"
+    assert "KB_HTML_MAX_ELEMENTS" in refused_upload(collection, "huge.html", page)
+
+
+# --- Ordinary documents ------------------------------------------------------------------------------
+
+
+def test_an_ordinary_multi_page_pdf_gives_the_text_it_always_gave(collection):
+    pdf = make_pdf(
+        ["Lift and drag of slender wings.\nPage one text.", "", "Page three discusses shock waves."],
+        title="Wings",
+        author="Smith",
+    )
+    document = document_ingest_upload(collection=collection, filename="wings.pdf", data=pdf).document
+    assert document.raw_content == (
+        "Lift and drag of slender wings.\nPage one text.\n\n\n\nPage three discusses shock waves.\n"
+    )
+    assert document.title == "Wings"
+    added_by_the_service = {"file_size", "ingestion_date"}
+    assert {key: value for key, value in document.metadata.items() if key not in added_by_the_service} == {
+        "page_count": 3,
+        "author": "Smith",
+        "creation_date": 1704164645.0,
+        "title": "Wings",
+    }
+    assert sorted({chunk.page for chunk in document.chunks.all()}) == [1, 3]
+
+
+def test_an_ordinary_docx_gives_the_text_it_always_gave(collection):
+    docx = make_docx(
+        title="Quarterly report",
+        heading="Results",
+        paragraphs=["Ingestion doubled.", "Search got faster."],
+        author="Lee",
+    )
+    document = document_ingest_upload(collection=collection, filename="report.docx", data=docx).document
+    assert document.raw_content == (
+        "# Quarterly report\n\n## Results\n\nIngestion doubled.\n\nSearch got faster.\n\n"
+        "Setting | Value\nmax_tokens | 512\n"
+    )
+    assert document.title == "Quarterly report"
+    added_by_the_service = {"file_size", "ingestion_date"}
+    assert {key: value for key, value in document.metadata.items() if key not in added_by_the_service} == {
+        "author": "Lee",
+        "title": "Quarterly report",
+        "creation_date": 1387840500.0,
+        "modification_date": 1387840500.0,
+    }
