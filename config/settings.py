@@ -168,6 +168,17 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_EXPIRES = 3600
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Two lanes: "celery" (the default) for bulk work, "interactive" for the few chunks an agent or a
+# curator waits for. A worker started without -Q consumes both; `make run` adds a worker that
+# consumes only "interactive", so a note is embedded at once even during a bulk import.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = {"celery": {}, "interactive": {}}  # kb.work_lanes
+# Documents of at most this many chunks, written outside bulk work (folder imports, re-embeds),
+# take the interactive lane.
+KB_INTERACTIVE_MAX_CHUNKS = env_int("KB_INTERACTIVE_MAX_CHUNKS", 64, minimum=0)
+# How long a write over MCP (or the REST API with wait=true) waits for its chunks to be searchable
+# by meaning before it answers with the document's status (0: answer at once).
+KB_WRITE_WAIT_SECONDS = env_float("KB_WRITE_WAIT_SECONDS", 30.0, minimum=0.0, maximum=600.0)
 # How often the worker looks for documents left pending/processing by a dead worker or a lost message.
 KB_SWEEP_INTERVAL_SECONDS = env_int("KB_SWEEP_INTERVAL_SECONDS", 60, minimum=5)
 # A document whose embedding lease has not been renewed for this long is taken over by another worker.

@@ -1,8 +1,10 @@
 """Where ingestion stands: for agents and scripts that wait for documents to become searchable."""
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db.models import Count
 
 from kb.errors import ErrorCode, KBError
@@ -46,3 +48,32 @@ def _counts(documents: Sequence[Document]) -> dict[str, int]:
     for document in documents:
         counts[document.status] += 1
     return counts
+
+
+POLL_SECONDS = 0.05
+STILL_EMBEDDING = (
+    "Embedding continues: keyword search finds it now, search by meaning once its status is "
+    "'ready' (follow it with the ingestion status)."
+)
+
+
+def wait_until_searchable(documents: Sequence[Document], *, timeout: float | None = None) -> bool:
+    """Wait until every document is embedded (ready) or failed, at most ``timeout`` seconds
+    (KB_WRITE_WAIT_SECONDS by default), for writers who search right after writing. The documents
+    are refreshed in place; True when none is still waiting. Embedding stays the worker's job."""
+    deadline = time.monotonic() + (settings.KB_WRITE_WAIT_SECONDS if timeout is None else timeout)
+    waiting = {document.pk: document for document in documents if document.status in UNFINISHED}
+    while waiting:
+        rows = Document.objects.filter(pk__in=list(waiting)).values(
+            "pk", "status", "embedded_count", "error_code", "error"
+        )
+        found = {row.pop("pk"): row for row in rows}
+        for doc_id in list(waiting):
+            for name, value in found.get(doc_id, {"status": DocumentStatus.FAILED}).items():
+                setattr(waiting[doc_id], name, value)
+            if waiting[doc_id].status not in UNFINISHED:
+                del waiting[doc_id]
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_SECONDS)
+    return not waiting

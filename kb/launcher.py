@@ -21,6 +21,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
 from config import embedded_postgres
+from kb.work_lanes import INTERACTIVE_QUEUE
 
 # Ctrl-C first asks the worker to finish its task (warm shutdown), then, past this, stops it at
 # once (cold shutdown: the task is acknowledged late, so the next start embeds that document).
@@ -109,17 +110,28 @@ class Launcher:
 
     def _start_children(self) -> None:
         python = sys.executable
-        worker = [
-            python, "-m", "celery", "-A", "config", "worker", "--loglevel=INFO",
-            f"--concurrency={self.worker_concurrency}", "--without-gossip", "--without-mingle",
-        ]  # fmt: skip
+        celery = [
+            python,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--loglevel=INFO",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+        worker = [*celery, f"--concurrency={self.worker_concurrency}"]
+        # Its own process for the interactive lane: a note an agent waits for never queues
+        # behind a folder import (the main worker takes both lanes).
+        interactive = [*celery, "--concurrency=1", "-Q", INTERACTIVE_QUEUE, "--hostname", "interactive@%h"]
         web = [
             python, "-m", "uvicorn", "config.asgi:application", "--host", self.host, "--port", str(self.port),
             "--lifespan", "on", "--no-access-log",
         ]  # fmt: skip
         # The children read the address too: listening beyond loopback makes API tokens required.
         env = {**os.environ, "KB_HOST": self.host, "KB_PORT": str(self.port)}
-        for name, command in (("worker", worker), ("web", web)):
+        for name, command in (("worker", worker), ("interactive worker", interactive), ("web", web)):
             self.children.append(
                 (name, subprocess.Popen(command, cwd=settings.BASE_DIR, env=env, start_new_session=True))
             )
@@ -161,7 +173,7 @@ class Launcher:
 
     def _cold_stop_worker(self, deadline: float) -> None:
         for name, process in self.children:
-            if name != "worker":
+            if "worker" not in name:
                 continue
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))

@@ -13,6 +13,7 @@ from django.db import DatabaseError, transaction
 from kb.embeddings import EmbeddingError
 from kb.errors import ErrorCode, KBError
 from kb.services import embedding
+from kb.work_lanes import INTERACTIVE_QUEUE
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def sweep_stale_documents() -> int:
     """Send again the documents whose message was lost or whose worker died."""
     ids = embedding.documents_needing_embedding()
     for document_id in ids:
-        embed_document.delay(document_id)
+        embed_document.delay(document_id)  # the bulk lane: nobody is waiting any more
     if ids:
         logger.info("sweep re-queued %d documents", len(ids))
     return len(ids)
@@ -87,9 +88,11 @@ def ping(value: str) -> str:
     return f"pong:{value}"
 
 
-def enqueue_embedding(document_id: str) -> None:
-    """Send the task once the surrounding transaction commits (a broker outage is logged; the sweep recovers)."""
-    transaction.on_commit(lambda: embed_document.delay(document_id), robust=True)
+def enqueue_embedding(document_id: str, *, interactive: bool) -> None:
+    """Send the task once the surrounding transaction commits (a broker outage is logged; the sweep
+    recovers), on the interactive lane when someone waits for it (see CELERY_TASK_QUEUES)."""
+    options = {"queue": INTERACTIVE_QUEUE} if interactive else {}
+    transaction.on_commit(lambda: embed_document.apply_async((document_id,), **options), robust=True)
 
 
 def enqueue_collection_reembed(collection_id: int) -> None:

@@ -43,9 +43,10 @@ FETCHING = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempot
 # open (and leak until garbage collection) a connection of its own. These threads run calls in
 # their own context instead and get the caller passed explicitly.
 #
-# Reads and writes have pools of their own: a write may wait on a slow URL fetch or a large parse,
-# and however many of those clients start, searches and listings keep their threads.
-POOL_SIZES = {"read": 8, "write": 4}
+# Reads and writes have pools of their own: a write may wait on a slow URL fetch, a large parse or
+# its embedding (KB_WRITE_WAIT_SECONDS), and however many of those clients start, searches and
+# listings keep their threads.
+POOL_SIZES = {"read": 8, "write": 8}
 _pools: dict[str, ThreadPoolExecutor] = {}
 
 

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -39,7 +40,15 @@ def child_env() -> dict[str, str]:
     else:
         env["KB_EMBEDDED_DATABASE"] = name
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("KB_WRITE_WAIT_SECONDS", "0")  # see answer_writes_at_once
     return env
+
+
+@pytest.fixture(autouse=True)
+def answer_writes_at_once(settings: Any) -> None:
+    """Most tests run no worker: MCP writes answer at once instead of waiting to be searchable
+    (KB_WRITE_WAIT_SECONDS). Tests of searchable-on-return set the wait and run a real worker."""
+    settings.KB_WRITE_WAIT_SECONDS = 0
 
 
 class ChildProcess:
@@ -80,11 +89,15 @@ def wait_for(condition: Callable[[], bool], *, timeout: float, interval: float =
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def start_worker(tmp_path: Path, *, extra_env: dict[str, str] | None = None, name: str = "worker") -> ChildProcess:
+def start_worker(
+    tmp_path: Path, *, extra_env: dict[str, str] | None = None, name: str = "worker", queues: str | None = None
+) -> ChildProcess:
+    """A real Celery worker; ``queues`` as its -Q (default: every queue, as `make run`'s main worker)."""
     env = {**child_env(), **(extra_env or {})}
     command = [
         sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel=INFO", "--concurrency=1",
         "--without-gossip", "--without-mingle", f"--hostname={name}-{os.getpid()}@%h",
+        *(["-Q", queues] if queues else []),
     ]  # fmt: skip
     return ChildProcess(command, env, tmp_path / f"{name}.log")
 

@@ -11,6 +11,7 @@ from django.db import connection
 from mcp.shared.exceptions import MCPError
 
 from kb.access import Access
+from kb.ingestion_status import STILL_EMBEDDING
 from kb.services.collections import collection_create, collection_update
 from mcp_endpoint.servers import build_server, canonical
 from mcp_endpoint.servers.prompts import GROUNDED_QA
@@ -104,6 +105,7 @@ def test_a_document_goes_in_is_found_and_goes_out():
     assert ingested == {
         "success": True, "doc_id": ANY, "collection": "code", "source_uri": ANY, "content_type": "rust",
         "chunks_created": 1, "outcome": "created", "status": "pending", "documents": [ANY], "failed": 0,
+        "note": STILL_EMBEDDING,  # no worker here, and no wait (KB_WRITE_WAIT_SECONDS=0)
     }  # fmt: skip
     doc_id = ingested["doc_id"]
     again = ingest("code", source, content_type="rust")

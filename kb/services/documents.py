@@ -20,6 +20,7 @@ from kb.ingestion.chunking import ChunkDraft, ChunkSettings, chunk_text, content
 from kb.ingestion.formats import ParsedDocument, validate_content_type
 from kb.models import Chunk, Collection, Document, DocumentStatus
 from kb.storable import check_storable
+from kb.work_lanes import is_interactive
 
 Outcome = Literal["created", "updated", "unchanged"]
 MAX_SOURCE_URI_LENGTH = 4096
@@ -120,7 +121,7 @@ def document_save(
         if document.status == DocumentStatus.PENDING:
             from kb.tasks import enqueue_embedding
 
-            enqueue_embedding(document.id)
+            enqueue_embedding(document.id, interactive=is_interactive(len(drafts)))
     return StoredDocument(document=document, outcome="created" if created else "updated", chunks_reused=reused)
 
 
@@ -182,7 +183,7 @@ def document_mark_pending(*, doc_id: str, reset_attempts: bool = True) -> Docume
         )
         from kb.tasks import enqueue_embedding
 
-        enqueue_embedding(document.id)
+        enqueue_embedding(document.id, interactive=is_interactive(document.chunk_count))
     return document
 
 

@@ -32,6 +32,7 @@ from kb.selectors import document_get
 from kb.services.collections import collection_get_or_create
 from kb.services.documents import StoredDocument, document_save, drafts_from_chunks, source_lock
 from kb.storable import check_storable
+from kb.work_lanes import bulk_work
 
 ItemOutcome = Literal["created", "updated", "unchanged", "failed"]
 
@@ -110,7 +111,10 @@ def document_ingest(
         sources = [fetch_url(uri)]
     elif uri and is_local_path_uri(uri):
         if confine(file_path_of(uri), file_roots).is_dir():
-            return _ingest_many(collection, iter_files(uri, roots=file_roots, recursive=recursive), options, on_item)
+            with bulk_work():
+                return _ingest_many(
+                    collection, iter_files(uri, roots=file_roots, recursive=recursive), options, on_item
+                )
         sources = iter_files(uri, roots=file_roots, recursive=False)
     else:
         raise KBError(
@@ -239,7 +243,9 @@ def document_store_chunks(
         )
 
 
-def document_store_chunk_batch(*, collection_name: str, chunks: Sequence[ChunkInput], sources: Sequence[str]) -> int:
+def document_store_chunk_batch(
+    *, collection_name: str, chunks: Sequence[ChunkInput], sources: Sequence[str]
+) -> list[StoredDocument]:
     """Chunks of several sources (``sources[i]`` is the source of ``chunks[i]``), one document per
     source, into a collection created when missing; all or nothing. A source's metadata is the
     union of its chunks' metadata. Sources are locked in sorted order, so two batches naming the
@@ -247,20 +253,23 @@ def document_store_chunk_batch(*, collection_name: str, chunks: Sequence[ChunkIn
     by_source: dict[str, list[ChunkInput]] = {}
     for chunk, source in zip(chunks, sources, strict=True):
         by_source.setdefault(source, []).append(chunk)
+    stored = []
     with transaction.atomic():
         collection = collection_get_or_create(name=collection_name)
         for source in sorted(by_source):
             metadata: dict[str, Any] = {}
             for chunk in by_source[source]:
                 metadata.update(chunk.metadata)
-            document_store_chunks(
-                collection=collection,
-                source_uri=source,
-                chunks=by_source[source],
-                title=str(metadata.get("title") or ""),
-                metadata=metadata,
+            stored.append(
+                document_store_chunks(
+                    collection=collection,
+                    source_uri=source,
+                    chunks=by_source[source],
+                    title=str(metadata.get("title") or ""),
+                    metadata=metadata,
+                )
             )
-    return len(chunks)
+    return stored
 
 
 def _stored_chunks(document: Document | None) -> dict[int, tuple[str, dict[str, Any]]]:

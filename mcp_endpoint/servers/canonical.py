@@ -11,7 +11,7 @@ from typing_extensions import TypedDict
 
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import CONTENT_TYPES
-from kb.ingestion_status import ingestion_status
+from kb.ingestion_status import STILL_EMBEDDING, ingestion_status, wait_until_searchable
 from kb.models import COLLECTION_NAME_PATTERN, TokenScope
 from kb.search import search
 from kb.selectors import collection_list, document_chunks, document_list, kb_stats
@@ -136,8 +136,8 @@ def rag_ingest(
 ) -> IngestOutput:
     """Ingest a document into a collection (create the collection first with rag_create_collection).
     Content is deduplicated by hash: an unchanged source is a no-op, a changed one is updated in place.
-    The document is keyword-searchable at once and semantically searchable once embedded: follow it
-    with rag_ingestion_status."""
+    A single source answers once it is searchable (status 'ready'), or after a bounded wait with a
+    'note' that embedding continues (follow it with rag_ingestion_status); a folder answers at once."""
     caller = current_caller()
     report = document_ingest(
         collection=caller.access.collection(collection),
@@ -148,7 +148,9 @@ def rag_ingest(
         title=title,
         force=force,
     )
-    return ingest_output(collection=collection, uri=uri, report=report)
+    # One source is an agent's write: answer once it can be found by meaning (a folder is bulk work).
+    searchable = len(report.items) > 1 or wait_until_searchable(report.documents)
+    return ingest_output(collection=collection, uri=uri, report=report, note=None if searchable else STILL_EMBEDDING)
 
 
 class DeleteOutput(TypedDict):

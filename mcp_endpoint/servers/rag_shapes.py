@@ -228,6 +228,8 @@ class IngestOutput(TypedDict):
     status: str | None
     documents: list[IngestedDocument]
     failed: int
+    # Set when the answer came before the chunks were searchable by meaning (KB_WRITE_WAIT_SECONDS).
+    note: str | None
 
 
 def ingested_document(item: IngestItem) -> IngestedDocument:
@@ -245,7 +247,7 @@ def ingested_document(item: IngestItem) -> IngestedDocument:
     )
 
 
-def ingest_output(*, collection: str, uri: str, report: IngestReport) -> IngestOutput:
+def ingest_output(*, collection: str, uri: str, report: IngestReport, note: str | None = None) -> IngestOutput:
     """One source gives that document's fields; a directory gives totals and one entry per file."""
     documents = [ingested_document(item) for item in report.items]
     single = documents[0] if len(documents) == 1 else None
@@ -260,4 +262,5 @@ def ingest_output(*, collection: str, uri: str, report: IngestReport) -> IngestO
         status=single["status"] if single else None,
         documents=documents,
         failed=len(report.failed),
+        note=note,
     )

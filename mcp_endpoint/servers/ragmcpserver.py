@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from kb.errors import ErrorCode, KBError
+from kb.ingestion_status import STILL_EMBEDDING, wait_until_searchable
 from kb.models import TokenScope
 from kb.search import SearchResult, search
 from kb.services.collections import collection_get_or_create
@@ -54,7 +55,10 @@ def Inject(
         text=text,
         metadata=metadata_object(metadata),
     )
-    return f"Injected document {stored.document.pk} ({stored.document.chunk_count} chunks, {stored.outcome})."
+    # The seed embeds before it answers: a Query right after finds the text.
+    searchable = wait_until_searchable([stored.document])
+    note = "" if searchable else f" {STILL_EMBEDDING}"
+    return f"Injected document {stored.document.pk} ({stored.document.chunk_count} chunks, {stored.outcome}).{note}"
 
 
 def passage(result: SearchResult, content: str) -> str:

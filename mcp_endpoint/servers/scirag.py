@@ -18,6 +18,7 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from kb.errors import ErrorCode, KBError
+from kb.ingestion_status import STILL_EMBEDDING, wait_until_searchable
 from kb.models import TokenScope
 from kb.search import SearchResult, search
 from kb.selectors import collection_list
@@ -102,16 +103,18 @@ def _store(chunks: list[dict[str, Any]], collection: str) -> StoreResult:
     problems = [problem for position, chunk in enumerate(chunks) if (problem := chunk_problem(position, chunk))]
     if problems or not chunks:
         raise KBError(ErrorCode.INVALID_ARGUMENT, problems[0] if problems else "No chunks to store")
-    document_store_chunk_batch(
+    stored = document_store_chunk_batch(
         collection_name=collection,
         chunks=[ChunkInput(c["chunk_index"], c["text"], c.get("metadata") or {}) for c in chunks],
         sources=[c["source_filename"] for c in chunks],
     )
+    # SciRAG promises the embeddings exist when it answers: a retrieve right after finds the chunks.
+    searchable = wait_until_searchable([item.document for item in stored])
     return StoreResult(
         success=True,
         chunks_stored=len(chunks),
         collection=collection,
-        message=f"Successfully stored {len(chunks)} chunks",
+        message=f"Successfully stored {len(chunks)} chunks" + ("" if searchable else f". {STILL_EMBEDDING}"),
     )
 
 

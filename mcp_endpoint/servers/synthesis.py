@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from kb.errors import ErrorCode, KBError
+from kb.ingestion_status import STILL_EMBEDDING, wait_until_searchable
 from kb.models import Collection, Document, TokenScope
 from kb.search import search
 from kb.selectors import collection_get_by_uuid, collection_list, document_list
@@ -138,7 +139,9 @@ def fetch_and_add_document_from_url(
         raise KBError(ErrorCode.INVALID_URI, f"Not an http(s) URL: {url[:200]}")
     collection = visible_collection(collection_id)
     (item,) = document_ingest(collection=collection, uri=url, file_roots=[]).items
-    return json_text({"document": document_json(item.document), "outcome": item.outcome})
+    searchable = wait_until_searchable([item.document])
+    answer = {"document": document_json(item.document), "outcome": item.outcome}
+    return json_text(answer if searchable else {**answer, "note": STILL_EMBEDDING})
 
 
 @service_tool(TokenScope.WRITE, on_error=raise_tool_error)

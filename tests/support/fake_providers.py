@@ -5,6 +5,7 @@ import base64
 import hashlib
 import json
 import struct
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -47,8 +48,14 @@ def _openai_embeddings(handler, body):
 
 
 @contextmanager
-def fake_ollama(port: int = 0) -> Iterator[str]:
-    with serve({"/api/embed": _ollama_embed}, port=port) as base:
+def fake_ollama(port: int = 0, *, delay: float = 0.0) -> Iterator[str]:
+    """``delay``: seconds each request takes (a busy or distant server), same vectors."""
+
+    def embed(handler, body):
+        time.sleep(delay)
+        return _ollama_embed(handler, body)
+
+    with serve({"/api/embed": embed}, port=port) as base:
         yield base
 
 

@@ -1,0 +1,27 @@
+"""Which lane a document's embedding takes: interactive (someone waits for it: an agent's note,
+a curator's upload) or bulk (folder imports, re-embeds). Bulk code marks itself with
+``bulk_work()``; everything else small enough is interactive."""
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+from django.conf import settings
+
+# The lane's Celery queue (settings.CELERY_TASK_QUEUES); bulk work takes the default one.
+INTERACTIVE_QUEUE = "interactive"
+
+_bulk: contextvars.ContextVar[bool] = contextvars.ContextVar("kb_bulk_work", default=False)
+
+
+@contextlib.contextmanager
+def bulk_work() -> Iterator[None]:
+    token = _bulk.set(True)
+    try:
+        yield
+    finally:
+        _bulk.reset(token)
+
+
+def is_interactive(chunk_count: int) -> bool:
+    return not _bulk.get() and chunk_count <= settings.KB_INTERACTIVE_MAX_CHUNKS

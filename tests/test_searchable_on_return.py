@@ -1,0 +1,127 @@
+"""Agents see what they write: every write tool of every profile answers once its chunks are
+searchable by meaning, on both HTTP transports, while the main worker is busy with a bulk import.
+
+As `make run`: a worker that takes both lanes (here slowed down: its embedding server answers
+after a delay, so the bulk import is still running when the test ends) and a worker that takes
+only the interactive lane. Writes answer within KB_WRITE_WAIT_SECONDS; each write is searched for
+by meaning at once, and must be found every time.
+"""
+
+import base64
+import itertools
+
+import anyio
+import pytest
+
+from kb.models import Document, DocumentStatus
+from kb.services.collections import collection_create
+from kb.services.documents import document_create_from_text
+from kb.work_lanes import INTERACTIVE_QUEUE, bulk_work
+from tests.conftest import start_worker
+from tests.support.fake_providers import fake_ollama
+from tests.support.http_server import serve
+from tests.support.mcp_client import committed_db, http_session, sse_session, structured, tool_threads  # noqa: F401
+from tests.support.mcp_server import FAKE_MODEL, uvicorn_server
+
+pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads"), pytest.mark.worker]
+
+BULK_DOCUMENTS = 60
+ROUNDS = 3  # writes per tool and transport
+TOPICS = ["glaciers carve valleys", "pulsars spin fast", "mangroves shelter fish", "volcanoes vent ash"]
+SESSIONS = {"sse": (sse_session, "sse"), "http": (http_session, "mcp")}
+
+
+@pytest.fixture(scope="module")
+def deployment(django_db_setup, tmp_path_factory):
+    """The server, a slowed main worker busy with a bulk import, and an interactive worker."""
+    tmp = tmp_path_factory.mktemp("searchable")
+    pages = {f"/page/{n}": _page(n) for n in range(len(SESSIONS) * ROUNDS)}
+    with fake_ollama() as fast, fake_ollama(delay=0.5) as slow, serve(pages) as site:
+        env = {"EMBEDDING_PROVIDER": "ollama", "EMBEDDING_MODEL": FAKE_MODEL, "OLLAMA_HOST": fast}
+        server_env = {**env, "KB_WRITE_WAIT_SECONDS": "60", "KB_FETCH_ALLOWED_PRIVATE_HOSTS": "127.0.0.1"}
+        main = start_worker(tmp, extra_env={**env, "OLLAMA_HOST": slow}, name="main")
+        interactive = start_worker(tmp, extra_env=env, name="interactive", queues=INTERACTIVE_QUEUE)
+        try:
+            with uvicorn_server(tmp, server_env) as url:
+                yield url, site
+        finally:
+            main.stop()
+            interactive.stop()
+
+
+def _page(n: int):
+    return lambda handler, body: (200, {"content-type": "text/plain"}, f"Field report {n}: {TOPICS[n % 4]}.".encode())
+
+
+def start_bulk_import(settings) -> str:
+    settings.EMBEDDING_PROVIDER, settings.EMBEDDING_MODEL = "ollama", FAKE_MODEL
+    collection = collection_create(name="bulk-import", embedding_provider="ollama", embedding_model=FAKE_MODEL)
+    with bulk_work():
+        for n in range(BULK_DOCUMENTS):
+            document_create_from_text(collection=collection, source_uri=f"bulk-{n}.txt", text=f"Archive page {n}.")
+    return collection.name
+
+
+def still_importing(collection: str) -> int:
+    return Document.objects.filter(collection__name=collection).exclude(status=DocumentStatus.READY).count()
+
+
+async def call(session, tool: str, arguments: dict):
+    result = await session.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    return result
+
+
+def test_every_write_tool_is_searchable_by_meaning_when_it_answers(deployment, settings):
+    url, site = deployment
+    bulk = start_bulk_import(settings)
+    for name in ("notes", "DocumentChunks", "fetched"):
+        collection_create(name=name, embedding_provider="ollama", embedding_model=FAKE_MODEL)
+    synthesis_collection = str(Document._meta.apps.get_model("kb", "Collection").objects.get(name="fetched").uuid)
+    found: dict[str, list[bool]] = {}
+    pages = itertools.count()
+
+    async def canonical(session, n: int) -> bool:
+        text = f"Lab note {n}: {TOPICS[n % 4]}."
+        uri = "data:text/plain;base64," + base64.b64encode(text.encode()).decode()
+        ingested = structured(await call(session, "rag_ingest", {"uri": uri, "collection": "notes"}))
+        assert ingested["status"] == "ready" and ingested["note"] is None, ingested
+        hits = structured(await call(session, "rag_search", {"query": text, "collection": "notes", "mode": "semantic"}))
+        return hits["results"][0]["source"] == ingested["doc_id"]
+
+    async def scirag(session, n: int) -> bool:
+        text = f"Observation {n}: {TOPICS[n % 4]}."
+        chunk = {"text": text, "source_filename": f"obs-{n}.txt", "chunk_index": 0}
+        stored = structured(await call(session, "store_document_chunks", {"chunks": [chunk]}))
+        assert stored["message"] == "Successfully stored 1 chunks", stored
+        hits = structured(await call(session, "retrieve_document_chunks", {"query": text, "top_k": 1}))
+        return bool(hits) and hits[0]["text"] == text
+
+    async def ragmcpserver(session, n: int) -> bool:
+        text = f"Memo {n}: {TOPICS[n % 4]} this season."
+        answer = (await call(session, "Inject", {"text": text})).content[0].text
+        assert answer.endswith("created)."), answer
+        return text in (await call(session, "Query", {"query": text})).content[0].text
+
+    async def synthesis(session, n: int) -> bool:
+        page = next(pages)
+        arguments = {"url": f"{site}/page/{page}", "collection_id": synthesis_collection}
+        added = (await call(session, "fetch_and_add_document_from_url", arguments)).content[0].text
+        assert '"note"' not in added, added
+        query = {"query": f"Field report {page}: {TOPICS[page % 4]}.", "collectionId": synthesis_collection}
+        return f"Field report {page}:" in (await call(session, "search_rag", query)).content[0].text
+
+    writers = {"canonical": canonical, "scirag": scirag, "ragmcpserver": ragmcpserver, "synthesis": synthesis}
+
+    async def run() -> None:
+        serial = itertools.count()
+        for transport, (session_of, path) in SESSIONS.items():
+            for profile, write_then_search in writers.items():
+                async with session_of(f"{url}/profiles/{profile}/{path}") as session:
+                    for _ in range(ROUNDS):
+                        hit = await write_then_search(session, next(serial))
+                        found.setdefault(f"{profile} over {transport}", []).append(hit)
+
+    anyio.run(run)
+    assert found == {key: [True] * ROUNDS for key in found} and len(found) == len(writers) * len(SESSIONS)
+    assert still_importing(bulk) > 0, "the bulk import finished: the test did not write while it ran"
