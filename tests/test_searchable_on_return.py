@@ -11,6 +11,7 @@ import base64
 import itertools
 
 import anyio
+import httpx
 import pytest
 
 from kb.models import Document, DocumentStatus
@@ -125,3 +126,21 @@ def test_every_write_tool_is_searchable_by_meaning_when_it_answers(deployment, s
     anyio.run(run)
     assert found == {key: [True] * ROUNDS for key in found} and len(found) == len(writers) * len(SESSIONS)
     assert still_importing(bulk) > 0, "the bulk import finished: the test did not write while it ran"
+
+
+def test_the_rest_api_waits_when_asked(deployment, settings):
+    url, _site = deployment
+    collection_create(name="rest-notes", embedding_provider="ollama", embedding_model=FAKE_MODEL)
+    text = "Bench note: mangroves shelter fish at high tide."
+    with httpx.Client(base_url=url, timeout=90) as client:
+        body = {"uri": f"data:,{text}", "wait": True}
+        ingested = client.post("/api/collections/rest-notes/documents", json=body).json()
+        assert ingested["searchable"] is True and ingested["items"][0]["status"] == "ready", ingested
+        upload = client.post(
+            "/api/collections/rest-notes/uploads", data={"wait": "true"}, files={"files": ("tide.txt", b"Tide tables.")}
+        ).json()
+        assert upload["searchable"] is True and upload["items"][0]["status"] == "ready", upload
+        search = {"query": text, "collections": ["rest-notes"], "mode": "semantic", "top_k": 1}
+        assert client.post("/api/search", json=search).json()["results"][0]["content"] == text
+        unasked = client.post("/api/collections/rest-notes/documents", json={"uri": "data:,Later."}).json()
+        assert unasked["searchable"] is None

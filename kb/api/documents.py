@@ -20,7 +20,8 @@ from kb.api.schemas import (
     UploadForm,
 )
 from kb.errors import ErrorCode
-from kb.models import TokenScope
+from kb.ingestion_status import wait_until_searchable
+from kb.models import Document, TokenScope
 from kb.selectors import document_chunks, document_list
 from kb.services.documents import document_delete
 from kb.services.embedding import document_reembed
@@ -72,7 +73,7 @@ def ingest_document(request: HttpRequest, name: CollectionName, payload: IngestI
         recursive=payload.recursive,
         force=payload.force,
     )
-    return IngestOut.of(name, report.items)
+    return IngestOut.of(name, report.items, searchable=_waited(payload.wait, report.documents))
 
 
 @router.post(
@@ -93,7 +94,11 @@ def upload_documents(
         content_type=form.content_type,
         metadata=form.metadata,
     )
-    return IngestOut.of(name, report.items)
+    return IngestOut.of(name, report.items, searchable=_waited(form.wait, report.documents))
+
+
+def _waited(wait: bool, documents: list[Document]) -> bool | None:
+    return wait_until_searchable(documents) if wait else None
 
 
 @router.get(

@@ -314,11 +314,21 @@ class IngestIn(InputSchema):
     title: str | None = Field(None, max_length=500)
     recursive: bool = Field(True, description="For directories: include subdirectories")
     force: bool = Field(False, description="Re-chunk even when the content did not change")
+    wait: bool = Field(
+        False,
+        description="Answer once the documents are searchable by meaning (at most KB_WRITE_WAIT_SECONDS; "
+        "`searchable` says whether they are)",
+    )
 
 
 class UploadForm(InputSchema):
     content_type: ContentType | None = Field(None, description="Override the detected content type")
     metadata: Json[dict[str, Any]] | None = Field(None, description="A JSON object attached to every file")
+    wait: bool = Field(
+        False,
+        description="Answer once the documents are searchable by meaning (at most KB_WRITE_WAIT_SECONDS; "
+        "`searchable` says whether they are)",
+    )
 
 
 class IngestItemOut(Schema):
@@ -362,9 +372,11 @@ class IngestOut(Schema):
     unchanged: int
     failed: int
     items: list[IngestItemOut]
+    # With wait=true: whether every document was searchable by meaning when the answer left.
+    searchable: bool | None = None
 
     @classmethod
-    def of(cls, collection: str, items: Sequence[IngestItem]) -> "IngestOut":
+    def of(cls, collection: str, items: Sequence[IngestItem], searchable: bool | None = None) -> "IngestOut":
         def count(outcome: str) -> int:
             return sum(1 for item in items if item.outcome == outcome)
 
@@ -375,6 +387,7 @@ class IngestOut(Schema):
             unchanged=count("unchanged"),
             failed=count("failed"),
             items=[IngestItemOut.of(item) for item in items],
+            searchable=searchable,
         )
 
 
