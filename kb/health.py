@@ -93,13 +93,11 @@ def _model_check(provider: str, name: str) -> dict[str, Any]:
 
 
 def _local_check(name: str) -> dict[str, Any]:
-    import importlib.util
-
     from kb.embeddings import EmbeddingError, local_model_path
 
-    # find_spec does not import: torch stays unloaded in the web process.
-    if importlib.util.find_spec("sentence_transformers") is None:
-        return {"ok": False, "error": "sentence-transformers is not installed"}
+    # local_model_path checks what the model needs without importing it: for the packaged model
+    # onnxruntime, tokenizers, the ONNX file and the tokenizer file; for a model folder inside
+    # KB_LOCAL_MODELS_DIR, sentence-transformers and torch. No ML library is loaded here.
     try:
         path = local_model_path(name)
     except EmbeddingError as error:

@@ -1,35 +1,132 @@
 """The three providers behind one interface; Ollama and OpenAI against HTTP-level fakes."""
 
+import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
-from kb.embeddings import EmbeddingError, embed_texts
+from kb.embeddings import (
+    MAX_WORD_PIECES,
+    EmbeddingError,
+    OnnxMiniLMEmbedder,
+    embed_texts,
+    embedder_for,
+    local_model_path,
+)
 from tests.conftest import ROOT, free_port
 from tests.support.fake_providers import DIMENSIONS, fake_ollama, fake_openai, fake_vector
 from tests.support.http_server import serve
 
 
+def cosine(a, b):
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
 def test_the_local_model_gives_normalised_384_dimensional_vectors():
-    first, second, unrelated = embed_texts(
+    assert isinstance(embedder_for("local", "all-MiniLM-L6-v2"), OnnxMiniLMEmbedder)
+    vectors = embed_texts(
         "local",
         "all-MiniLM-L6-v2",
         ["boundary layer transition", "transition of boundary layers", "chocolate cake recipe"],
     )
-    assert len(first) == 384
-    assert abs(sum(value * value for value in first) - 1.0) < 1e-3
-
-    def cosine(a, b):
-        return sum(x * y for x, y in zip(a, b, strict=True))
-
+    assert [len(vector) for vector in vectors] == [384, 384, 384]
+    for vector in vectors:
+        assert abs(sum(value * value for value in vector) - 1.0) < 1e-5
+    first, second, unrelated = vectors
     assert cosine(first, second) > cosine(first, unrelated) + 0.3
+
+
+def test_texts_of_any_length_come_back_in_their_own_order():
+    texts = [
+        "shock wave interaction with a laminar boundary layer " * 12,
+        "heat",
+        "the pressure distribution on a slender cone at incidence in supersonic flow",
+        "chocolate cake recipe",
+        "",
+    ]
+    embedder = OnnxMiniLMEmbedder("all-MiniLM-L6-v2", batch_size=2)  # sorted by length, padded per batch
+    together = embedder.embed(texts)
+    for text, vector in zip(texts, together, strict=True):
+        assert cosine(vector, embedder.embed([text])[0]) > 0.9999
+
+
+def test_a_text_longer_than_the_model_sees_is_cut_at_256_word_pieces():
+    def text(words: int, tail: str) -> str:
+        return " ".join(["wing"] * words) + " " + tail  # "wing" is one word piece
+
+    seen = embed_texts("local", "all-MiniLM-L6-v2", [text(200, "chocolate cake recipe"), text(200, "hypersonic flow")])
+    assert cosine(*seen) < 0.9999  # word pieces 200-203 still reach the vector
+    unseen = embed_texts("local", "all-MiniLM-L6-v2", [text(MAX_WORD_PIECES, "chocolate cake"), text(300, "mach")])
+    assert cosine(*unseen) > 0.99999  # past 256 (254 and [CLS], [SEP]) nothing does
 
 
 def test_an_unknown_local_model_is_refused_rather_than_downloaded():
     with pytest.raises(EmbeddingError) as error:
         embed_texts("local", "BAAI/bge-large-en", ["x"])
     assert not error.value.retryable and "nothing is downloaded" in error.value.message
+
+
+def test_a_model_folder_outside_the_models_folder_is_refused(settings, tmp_path):
+    models = tmp_path / "models"
+    (models / "mine").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "config.json").write_text("{}")
+    (models / "escape").symlink_to(outside, target_is_directory=True)
+    settings.KB_LOCAL_MODELS_DIR = models
+    assert local_model_path("mine") == (models / "mine").resolve()
+    for name in (str(outside), "../outside", "escape", "mine/../../outside", ".", ""):
+        with pytest.raises(EmbeddingError) as error:
+            embed_texts("local", name, ["x"])
+        assert not error.value.retryable and "KB_LOCAL_MODELS_DIR" in error.value.message
+        assert name == str(outside) or str(tmp_path) not in error.value.message  # only the caller's own words
+
+
+def test_the_packaged_model_needs_no_torch():
+    """A fresh interpreter where ``import torch`` fails embeds with the default model."""
+    code = textwrap.dedent(
+        """
+        import os, sys, tempfile
+        from pathlib import Path
+
+        class NoTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch is blocked for this test")
+                return None
+
+        sys.meta_path.insert(0, NoTorch())
+        os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
+        import django
+
+        django.setup()
+        from django.conf import settings
+        from kb.embeddings import EmbeddingError, embed_texts
+        from kb.health import _local_check
+
+        first, second = embed_texts("local", "all-MiniLM-L6-v2", ["boundary layers", "chocolate cake"])
+        print(len(first), round(sum(v * v for v in first), 4), _local_check("all-MiniLM-L6-v2")["ok"])
+        settings.KB_LOCAL_MODELS_DIR = Path(tempfile.mkdtemp())
+        (settings.KB_LOCAL_MODELS_DIR / "folder-model").mkdir()
+        try:
+            embed_texts("local", "folder-model", ["x"])
+        except EmbeddingError as error:
+            print("refused:", error.retryable, error.message)
+        print("health:", _local_check("folder-model"))
+        print("loaded:", sorted(m for m in ("torch", "sentence_transformers") if m in sys.modules))
+        """
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=dict(os.environ)
+    )
+    assert output.returncode == 0, output.stderr
+    lines = output.stdout.splitlines()
+    assert lines[0] == "384 1.0 True"
+    assert lines[1].startswith("refused: False") and "pip install sentence-transformers torch" in lines[1]
+    assert lines[2].startswith("health: {'ok': False") and "torch" in lines[2]
+    assert lines[3] == "loaded: []"
 
 
 def test_ollama_vectors_come_back_in_batches(settings):
@@ -90,10 +187,12 @@ def test_overloaded_backends_are_retryable(settings):
 
 
 def test_importing_the_tasks_does_not_load_the_ml_stack():
+    heavy = ("torch", "sentence_transformers", "transformers", "onnxruntime", "tokenizers", "numpy")
     code = (
         "import django, os, sys; os.environ['DJANGO_SETTINGS_MODULE'] = 'config.settings'; django.setup(); "
-        "import kb.tasks, kb.services.ingest, config.asgi; "
-        "print(sorted(m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules))"
+        "import kb.tasks, kb.services.ingest, kb.search, config.asgi; from kb.health import _local_check; "
+        "assert _local_check('all-MiniLM-L6-v2')['ok']; "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )
     output = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert output.stdout.strip() == "[]"
