@@ -185,9 +185,13 @@ class KBServer(MCPServer):
     whenever the tools are listed.
     """
 
-    def __init__(self, name: str, *, json_errors: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, name: str, *, json_errors: bool = False, input_schema_in_meta: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(name, **kwargs)
         self.json_errors = json_errors
+        # Synthesis (seed 003) attaches each tool's input JSON Schema as _meta.jsonSchema.
+        self.input_schema_in_meta = input_schema_in_meta
         self._description_suffixes: dict[str, Callable[[], Awaitable[str]]] = {}
         self._scopes: dict[str, TokenScope] = {}
 
@@ -225,6 +229,8 @@ class KBServer(MCPServer):
             update["output_schema"] = flat_schema(tool.output_schema)
         if suffix := self._description_suffixes.get(tool.name):
             update["description"] = f"{tool.description}\n\n{await suffix()}"
+        if self.input_schema_in_meta:
+            update["meta"] = {**(tool.meta or {}), "jsonSchema": tool.input_schema}
         return tool.model_copy(update=update)
 
     async def call_tool(

@@ -25,6 +25,7 @@ from tests.support.mcp_client import (  # noqa: F401
     error_of,
     in_memory,
     tool_threads,
+    tools_of,
 )
 
 pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
@@ -45,11 +46,6 @@ def ingest(collection: str, text: str, **arguments) -> dict:
     return call_ok(SERVER, "rag_ingest", {"uri": data_uri(text), "collection": collection, **arguments})
 
 
-def tools_of(server, access=None) -> dict:
-    listed = in_memory(server, lambda client: client.list_tools(), **({"access": access} if access else {}))
-    return {tool.name: tool for tool in listed.tools}
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -65,10 +61,10 @@ def test_it_offers_rag_mcps_tools_with_annotations_and_schemas():
     assert tools["rag_ingest"].annotations.open_world_hint is True
     search = tools["rag_search"].input_schema
     assert search["required"] == ["query"]
-    # Left out, top_k and hybrid take the collection's own search settings (10 and true unless changed).
-    assert search["properties"]["top_k"]["anyOf"][0] == {"minimum": 1, "maximum": 100, "type": "integer"}
-    assert search["properties"]["top_k"]["default"] is None
-    assert search["properties"]["hybrid"]["anyOf"][0] == {"type": "boolean"}
+    # As the seed advertises them; left out, the collection's own settings apply (10 and true unless changed).
+    top_k, hybrid = search["properties"]["top_k"], search["properties"]["hybrid"]
+    assert (top_k["type"], top_k["minimum"], top_k["maximum"], top_k["default"]) == ("integer", 1, 100, 10)
+    assert (hybrid["type"], hybrid["default"]) == ("boolean", True)
     assert sorted(tools["rag_ingest"].input_schema["required"]) == ["collection", "uri"]
     assert "rust" in tools["rag_ingest"].input_schema["properties"]["content_type"]["enum"]
     assert tools["rag_create_collection"].input_schema["properties"]["name"]["pattern"] == "^[a-zA-Z0-9_-]+$"
@@ -289,6 +285,7 @@ def test_resources_show_collections_and_documents_as_json():
     assert document["chunks"] == [
         {"id": ANY, "index": 0, "content": "line one\nline two", "tokens": ANY, "lines": "1-2"}
     ]
+    assert isinstance(document["chunks"][0]["id"], str)  # as the seed shows ids
     assert isinstance(document["created_at"], int)
 
 

@@ -14,6 +14,7 @@ from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from mcp_endpoint.servers import build_server
 from mcp_endpoint.servers.prompts import GROUNDED_QA
+from mcp_endpoint.servers.rag_shapes import file_name
 from tests.support.http_server import serve, text
 from tests.support.mcp_client import (  # noqa: F401
     call,
@@ -23,6 +24,7 @@ from tests.support.mcp_client import (  # noqa: F401
     embed_pending,
     in_memory,
     tool_threads,
+    tools_of,
 )
 
 pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
@@ -257,3 +259,33 @@ def test_profiles_apply_the_callers_access():
     assert call(RAGMCPSERVER, "Inject", {"text": "hello"}, access=reader).is_error
     stored = call_ok(SCIRAG, "store_document_chunks", {"chunks": paper_chunks()}, access=reader)
     assert stored["success"] is False and "'write' is needed" in stored["message"]
+
+
+@pytest.mark.parametrize("confirm", ["yes", "true", 1, "1"])
+def test_synthesis_deletes_only_with_the_boolean_true(confirm):
+    collection = collection_create(name="keep")
+    document = document_create_from_text(collection=collection, source_uri="k.txt", text="Kept.").document
+    result = call(SYNTHESIS, "delete_document", {"doc_id": document.pk, "confirm": confirm})
+    assert result.is_error
+    result = call(SYNTHESIS, "delete_collection", {"collection_id": str(collection.uuid), "confirm": confirm})
+    assert result.is_error
+    assert Document.objects.filter(pk=document.pk).exists()
+
+
+def test_synthesis_coerces_no_types_and_attaches_each_input_schema():
+    collection = collection_create(name="typed")
+    for arguments in ({"top_k": "5"}, {"min_similarity": "0.5"}, {"top_k": 2.5}):
+        result = call(SYNTHESIS, "search_rag", {"collectionId": str(collection.uuid), "query": "x", **arguments})
+        assert result.is_error, arguments
+    assert not call(
+        SYNTHESIS, "search_rag", {"collectionId": str(collection.uuid), "query": "x", "min_similarity": 1}
+    ).is_error
+    tools = tools_of(SYNTHESIS)
+    assert all(tool.meta["jsonSchema"] == tool.input_schema for tool in tools.values())
+    assert tools["search_rag"].meta["jsonSchema"]["properties"]["top_k"]["default"] == 5
+
+
+def test_file_names_are_shown_decoded_as_the_seeds_show_them():
+    assert file_name("file:///srv/handbook/1%20-%20Remote%20Working.txt") == "1 - Remote Working.txt"
+    assert file_name("https://example.org/docs/caf%C3%A9%20notes.md?x=1") == "café notes.md"
+    assert file_name("plain name.txt") == "plain name.txt"

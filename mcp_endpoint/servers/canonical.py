@@ -6,7 +6,7 @@ import time
 from typing import Annotated, Any, Literal
 
 import anyio
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 from typing_extensions import TypedDict
 
 from kb.errors import ErrorCode, KBError
@@ -63,16 +63,20 @@ def rag_search(
     collection: Annotated[
         str | None, Field(description="Search only this collection; omit to search all collections")
     ] = None,
+    # Advertised as the seed has them (10, true); left out, the collection's own settings apply,
+    # which are 10 and true unless a curator changed them.
     top_k: Annotated[
         int | None,
-        Field(ge=1, le=100, description="Number of results to return (default: the collection's setting, else 10)"),
+        Field(ge=1, le=100, description="Number of results to return", json_schema_extra={"default": 10}),
+        WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 100}),
     ] = None,
     hybrid: Annotated[
         bool | None,
         Field(
-            description="Combine semantic and keyword search; false gives keyword-only (exact terms). "
-            "Default: the collection's setting, else true"
+            description="Use hybrid search combining vector and keyword; false gives keyword-only (exact terms)",
+            json_schema_extra={"default": True},
         ),
+        WithJsonSchema({"type": "boolean"}),
     ] = None,
     mode: Annotated[
         Literal["hybrid", "semantic", "keyword"] | None, Field(description="Search mode; overrides 'hybrid' when set")

@@ -6,7 +6,7 @@ Fields beyond the seed's are additions a client may ignore. Timestamps are Unix 
 from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from typing_extensions import TypedDict
@@ -22,7 +22,7 @@ def millis(moment: datetime) -> int:
 
 def file_name(source_uri: str) -> str:
     """The file name in a source URI or path (the seeds that speak of files show only the name)."""
-    path = urlsplit(source_uri).path if "://" in source_uri else source_uri
+    path = unquote(urlsplit(source_uri).path) if "://" in source_uri else source_uri
     return PurePosixPath(path).name or source_uri
 
 

@@ -85,7 +85,7 @@ def one_document(id: str) -> dict[str, Any]:
     document = access.document(id)
     chunks = [
         {
-            "id": chunk.pk,
+            "id": str(chunk.pk),  # ids are strings in rag-mcp's shapes
             "index": chunk.index,
             "content": chunk.content,
             "tokens": chunk.token_count,

@@ -9,7 +9,7 @@ seed's constraints (UUID, query not empty, top_k 1-50, min_similarity 0-1).
 import json
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, Strict
 
 from kb.errors import ErrorCode, KBError
 from kb.ingestion_status import STILL_EMBEDDING, wait_until_searchable
@@ -31,8 +31,11 @@ from mcp_endpoint.tooling import (
     service_tool,
 )
 
-CollectionId = Annotated[str, Field(description="The collection's UUID", json_schema_extra={"format": "uuid"})]
-Confirm = Annotated[bool, Field(description="Must be true to delete")]
+# The seed validates with zod, which coerces nothing: "5" is not a number, "true" or 1 not a boolean.
+CollectionId = Annotated[
+    str, Strict(), Field(description="The collection's UUID", json_schema_extra={"format": "uuid"})
+]
+Confirm = Annotated[bool, Strict(), Field(description="Must be true to delete")]
 
 
 def json_text(payload: Any) -> str:
@@ -77,8 +80,10 @@ def document_json(document: Document) -> dict[str, Any]:
 def search_rag(
     collectionId: CollectionId,
     query: Annotated[str, Field(min_length=1, description="What to search for")],
-    top_k: Annotated[int, Field(ge=1, le=50, description="Number of chunks to return")] = 5,
-    min_similarity: Annotated[float, Field(ge=0.0, le=1.0, description="Lowest cosine similarity to return")] = 0.5,
+    top_k: Annotated[int, Strict(), Field(ge=1, le=50, description="Number of chunks to return")] = 5,
+    min_similarity: Annotated[
+        float, Strict(), Field(ge=0.0, le=1.0, description="Lowest cosine similarity to return")
+    ] = 0.5,
 ) -> str:
     """Search the RAG knowledge base for relevant information and return matching chunks with citations."""
     collection = visible_collection(collectionId)
@@ -165,7 +170,7 @@ def delete_collection(collection_id: CollectionId, confirm: Confirm) -> str:
 
 
 def build(*, read_only: bool) -> KBServer:
-    server = KBServer("synthesis-rag", version="1.0.0")
+    server = KBServer("synthesis-rag", version="1.0.0", input_schema_in_meta=True)
     server.add_tools(
         [
             (search_rag, READ_ONLY),

@@ -70,6 +70,12 @@ def in_memory(server: KBServer, action: Any, access: Access | None = FULL_ACCESS
     return anyio.run(run)
 
 
+def tools_of(server: KBServer, access: Access | None = FULL_ACCESS) -> dict[str, Any]:
+    """The tools ``server`` lists to ``access``, by name."""
+    listed = in_memory(server, lambda client: client.list_tools(), access)
+    return {tool.name: tool for tool in listed.tools}
+
+
 @asynccontextmanager
 async def connected(server: KBServer, access: Access | None) -> AsyncIterator[Client]:
     caller = Caller(access=access) if access is not None else None
