@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -343,3 +344,56 @@ def test_a_body_without_a_length_stops_at_the_size_limit(collection, loopback_al
     with raw_server(endless) as base:
         error = refused(collection, f"{base}/big", ErrorCode.LOAD_FAILED)
     assert "KB_FETCH_MAX_BYTES" in error.message
+
+
+# --- compressed bodies (added with the gzip-bomb fix) -------------------------------------------------
+
+
+def _gzip_bomb(layers: int, inflated: int) -> bytes:
+    import gzip
+
+    data = b"\0" * inflated
+    for _ in range(layers):
+        data = gzip.compress(data, compresslevel=9)
+    return data
+
+
+@pytest.mark.parametrize(("encoding", "layers"), [("gzip", 1), ("gzip, gzip", 2), ("deflate, gzip", 2), ("br", 1)])
+def test_a_compressed_body_never_inflates_past_the_fetch_limit(db, settings, encoding, layers):
+    settings.KB_FETCH_ALLOWED_PRIVATE_HOSTS = ["127.0.0.1"]
+    settings.KB_FETCH_MAX_BYTES = 1024 * 1024
+    collection = collection_create(name="gz")
+    body = _gzip_bomb(layers, 64 * 1024 * 1024)  # 64 MiB of zeros in a few dozen kilobytes
+
+    def route(handler, request):
+        return 200, {"content-type": "text/plain", "content-encoding": encoding}, body
+
+    before = Document.objects.count()
+    with serve({"/bomb": route}) as base:
+        tracemalloc.start()
+        try:
+            with pytest.raises(KBError) as raised:
+                document_ingest(collection=collection, uri=f"{base}/bomb", file_roots=[])
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    # Memory is the point: the limit is 1 MiB, and never more than a few of it may be held.
+    assert peak < 8 * 1024 * 1024, peak
+    assert raised.value.code == ErrorCode.LOAD_FAILED
+    assert "KB_FETCH_MAX_BYTES" in raised.value.message or "Content-Encoding" in raised.value.message
+    assert Document.objects.count() == before
+
+
+def test_a_gzipped_page_within_the_limit_is_read_decoded(db, settings):
+    import gzip
+
+    settings.KB_FETCH_ALLOWED_PRIVATE_HOSTS = ["127.0.0.1"]
+    collection = collection_create(name="gz-ok")
+    page = b"Gliders ride thermals over the ridge.\n" * 50
+
+    def route(handler, request):
+        return 200, {"content-type": "text/plain", "content-encoding": "gzip"}, gzip.compress(page)
+
+    with serve({"/page": route}) as base:
+        report = document_ingest(collection=collection, uri=f"{base}/page", file_roots=[])
+    assert report.documents[0].raw_content == page.decode()
