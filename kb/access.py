@@ -90,12 +90,14 @@ def request_access(
     *,
     authorization: str | None,
     client_address: str | None,
+    host: str | None = None,
     origin: str | None = None,
     fetch_site: str | None = None,
 ) -> Access:
     """The access of one request. ``origin`` and ``fetch_site`` are its Origin and Sec-Fetch-Site
-    headers, which browsers set and pages cannot forge; other clients usually send neither."""
-    refuse_cross_site(origin=origin, fetch_site=fetch_site)
+    headers, which browsers set and pages cannot forge; other clients usually send neither.
+    ``host`` is its Host header: a browser's request is ours only from a page of the same origin."""
+    refuse_cross_site(origin=origin, fetch_site=fetch_site, host=host)
     if not authorization:
         if settings.KB_REQUIRE_AUTH or not is_loopback(client_address):
             raise KBError(ErrorCode.UNAUTHORIZED, "An API token is required: send 'Authorization: Bearer <token>'")
@@ -117,8 +119,8 @@ def is_loopback(address: str | None) -> bool:
         return False
 
 
-def refuse_cross_site(*, origin: str | None, fetch_site: str | None) -> None:
-    if (fetch_site or "").strip().lower() == "cross-site" or not origin_allowed(origin):
+def refuse_cross_site(*, origin: str | None, fetch_site: str | None, host: str | None) -> None:
+    if (fetch_site or "").strip().lower() == "cross-site" or not origin_allowed(origin, host=host):
         raise KBError(
             ErrorCode.PERMISSION_DENIED,
             "Requests from another site are refused (Origin / Sec-Fetch-Site); "
@@ -139,13 +141,16 @@ def host_allowed(host: str | None) -> bool:
     return bool(domain) and validate_host(domain, allowed_hosts())
 
 
-def origin_allowed(origin: str | None) -> bool:
-    """No Origin (not a browser, or a same-origin GET), a trusted origin, or one of our own hosts.
-    "null" (sandboxed frames, file: pages) and anything unparsable name another site."""
+def origin_allowed(origin: str | None, *, host: str | None) -> bool:
+    """No Origin (not a browser, or a same-origin GET), a trusted origin (DJANGO_CSRF_TRUSTED_ORIGINS),
+    or the page's own origin: same host *and port* as the request's Host, as Django's CSRF check
+    has it (a page served by another program on another local port is another site). "null"
+    (sandboxed frames, file: pages) and anything unparsable name another site."""
     if origin is None or origin in settings.CSRF_TRUSTED_ORIGINS:
         return True
     try:
         parts = urlsplit(origin.strip())
     except ValueError:
         return False
-    return parts.scheme in ("http", "https") and host_allowed(parts.netloc)
+    same_origin = bool(host) and parts.netloc.lower() == host.strip().lower()
+    return parts.scheme in ("http", "https") and same_origin and host_allowed(parts.netloc)

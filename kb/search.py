@@ -150,6 +150,8 @@ def search(
         raise KBError(ErrorCode.INVALID_ARGUMENT, "semantic_weight must be between 0.0 and 1.0")
     if min_similarity is not None and not -1.0 <= min_similarity <= 1.0:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "min_similarity must be between -1.0 and 1.0")
+    if document_ids is not None and len(document_ids) > MAX_FILTER_DOCUMENTS:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"At most {MAX_FILTER_DOCUMENTS} document ids per search")
     targets = _collections(collections)
     top_k, mode, weight = _settings(top_k, mode, semantic_weight, targets)
     filters = Filters(
@@ -234,6 +236,12 @@ def _settings(
     return top_k, mode, weight
 
 
+MAX_FILTER_CONDITIONS = 32
+MAX_FILTER_VALUES = 1000
+# Document ids a search may be limited to (each is a value of one ANY(...) array).
+MAX_FILTER_DOCUMENTS = 10_000
+
+
 def _parse_metadata_filter(metadata: dict[str, Any]) -> list[tuple[str, str, Any]]:
     """``{"author": "Smith", "year": {"$gte": 2020}, "lang": {"$in": ["en", "de"]}}``."""
     if not isinstance(metadata, dict):
@@ -258,7 +266,19 @@ def _parse_metadata_filter(metadata: dict[str, Any]) -> list[tuple[str, str, Any
             ):
                 raise KBError(ErrorCode.INVALID_ARGUMENT, f"{operator} on {key!r} needs a number or a string")
             conditions.append((key, operator, value))
+    if len(conditions) > MAX_FILTER_CONDITIONS or sum(_values(value) for *_, value in conditions) > MAX_FILTER_VALUES:
+        # Each condition is a clause of the vector scan's filter: thousands of them cost Postgres
+        # gigabytes of memory per query.
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"The metadata filter is too large: at most {MAX_FILTER_CONDITIONS} conditions "
+            f"and {MAX_FILTER_VALUES} values in all",
+        )
     return conditions
+
+
+def _values(value: Any) -> int:
+    return len(value) if isinstance(value, list) else 1
 
 
 def _metadata_clause(column: str, key: str, operator: str, value: Any) -> tuple[str, list[Any]]:

@@ -23,6 +23,7 @@ async def scope_access(scope: Scope, headers: Headers) -> Access:
         request_access,
         authorization=headers.get("authorization"),
         client_address=client[0] if client else None,
+        host=headers.get("host"),
         origin=headers.get("origin"),
         fetch_site=headers.get("sec-fetch-site"),
     )

@@ -175,11 +175,13 @@ def refused_status(error: BaseException) -> int | None:
 
 def test_an_allowed_origin_gets_through_and_the_sdk_client_is_refused_a_wrong_one(server_url):
     async def run() -> int | None:
-        local_page = {"Origin": "http://localhost:6274"}  # e.g. the MCP Inspector
-        async with http_session(f"{server_url}/mcp", headers=local_page) as session:
+        own_page = {"Origin": server_url}  # a page of this server (same host and port)
+        async with http_session(f"{server_url}/mcp", headers=own_page) as session:
             assert (await session.list_tools()).tools
         try:
-            async with sse_session(f"{server_url}/sse", headers={"Origin": "http://attacker.example"}):
+            # Another program's page on another local port (e.g. the MCP Inspector's) is another
+            # site unless DJANGO_CSRF_TRUSTED_ORIGINS names it.
+            async with sse_session(f"{server_url}/sse", headers={"Origin": "http://localhost:6274"}):
                 pass
         except Exception as error:  # noqa: BLE001 - looked into below
             return refused_status(error)

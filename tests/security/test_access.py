@@ -71,7 +71,8 @@ def mcp_post(client: httpx.Client, path: str, method: str, params: dict, headers
 def test_it_refuses_a_write_sent_by_a_page_on_another_site(client):
     collection_create(name="t1")
     before = counts()
-    for headers in (EVIL_ORIGIN, {"Sec-Fetch-Site": "cross-site"}, {"Origin": "null"}):
+    other_local_port = {"Origin": "http://127.0.0.1:9999", "Sec-Fetch-Site": "same-site"}
+    for headers in (EVIL_ORIGIN, {"Sec-Fetch-Site": "cross-site"}, {"Origin": "null"}, other_local_port):
         # text/plain and multipart are what a page may send without a preflight.
         ingest = client.post(
             "/api/collections/t1/documents",

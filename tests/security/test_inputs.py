@@ -160,3 +160,23 @@ def test_a_models_folder_path_is_never_shown_to_callers(settings, tmp_path: Path
     with pytest.raises(EmbeddingError) as raised:
         local_model_path("nope")
     assert str(tmp_path) not in raised.value.message
+
+
+def test_a_search_filter_too_large_for_the_database_is_refused_at_every_door(client):
+    collection_create(name="c")
+    many_keys = {f"k{n}": n for n in range(1000)}
+    huge_in = {"lang": {"$in": [f"l{n}" for n in range(5000)]}}
+    for metadata in (many_keys, huge_in):
+        with pytest.raises(KBError) as raised:
+            search(query="lift", metadata=metadata)
+        assert raised.value.code == ErrorCode.INVALID_ARGUMENT and "too large" in raised.value.message
+        assert error_of(call(CANONICAL, "rag_search", {"query": "lift", "metadata_filter": metadata}))["code"] == (
+            "INVALID_ARGUMENT"
+        )
+        assert api_error(post(client, "/api/search", {"query": "lift", "metadata": metadata})) == (
+            400,
+            "INVALID_ARGUMENT",
+        )
+    with pytest.raises(KBError):
+        search(query="lift", document_ids=[f"01H{n:023d}" for n in range(10_001)])
+    assert search(query="lift", metadata={f"k{n}": n for n in range(32)}).results == []
