@@ -54,3 +54,11 @@ class KBError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+def database_error(exc: BaseException) -> KBError:
+    """What a caller is told of a database failure: its SQLSTATE at most. The driver's message
+    may name the server's socket path, tables or values; the log keeps it."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or getattr(exc, "sqlstate", None)
+    detail = f" (SQLSTATE {sqlstate})" if sqlstate else ""
+    return KBError(ErrorCode.DATABASE_ERROR, f"The database failed{detail}; the server log has the details")

@@ -18,7 +18,7 @@ from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnno
 from mcp_types import Tool as MCPTool
 from pydantic import ValidationError
 
-from kb.errors import ErrorCode, KBError
+from kb.errors import ErrorCode, KBError, database_error
 from kb.models import TokenScope
 from mcp_endpoint.caller import Caller, calling_as, current_access, current_caller_or_none
 
@@ -82,7 +82,7 @@ def _call_as(caller: Caller | None, fn: Callable[P, R], *args: P.args, **kwargs:
             return fn(*args, **kwargs)
     except DatabaseError as exc:
         logger.exception("Database error in an MCP tool")
-        raise KBError(ErrorCode.DATABASE_ERROR, f"Database error: {str(exc).strip().splitlines()[0]}") from exc
+        raise database_error(exc) from exc
 
 
 async def in_thread(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:

@@ -58,9 +58,10 @@ def _has_body(request: HttpRequest) -> bool:
 def sees_health_details(request: HttpRequest) -> bool:
     """/health answers everyone (load balancers have no token); its details only admins."""
     try:
-        return access_of_request(request).allows(TokenScope.ADMIN)
+        access = access_of_request(request)
     except KBError:
         return False
+    return access.allows(TokenScope.ADMIN) and access.collections is None
 
 
 def access_of(request: HttpRequest) -> Access:

@@ -15,7 +15,7 @@ from ninja import NinjaAPI
 from ninja.errors import HttpError, ValidationError
 
 from kb.api.schemas import ErrorOut
-from kb.errors import HTTP_STATUS, ErrorCode, KBError
+from kb.errors import HTTP_STATUS, ErrorCode, KBError, database_error
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def _refused_request(exc: SuspiciousOperation) -> KBError:
 
 def _database_error(exc: DatabaseError) -> KBError:
     logger.exception("database error in an API request", exc_info=exc)
-    return KBError(ErrorCode.DATABASE_ERROR, f"Database error: {str(exc).strip()[:500]}")
+    return database_error(exc)
 
 
 def _http_error_handler(api: NinjaAPI) -> Callable[[HttpRequest, Exception], HttpResponse]:

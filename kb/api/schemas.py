@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Path, Schema
-from pydantic import ConfigDict, Field, Json
+from pydantic import ConfigDict, Field, Json, field_validator
 
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import COLLECTION_NAME_MAX_LENGTH, COLLECTION_NAME_PATTERN, Chunk, Collection, Document
@@ -199,6 +199,14 @@ class CollectionUpdateIn(InputSchema):
 
 class CollectionDeleteQuery(InputSchema):
     confirm: bool = Field(False, description="Must be true: deleting a collection deletes all its documents")
+
+    @field_validator("confirm", mode="before")
+    @classmethod
+    def _only_true(cls, value: Any) -> Any:
+        # Not pydantic's lax booleans: "yes", "on", "1" or "t" must not delete everything.
+        if isinstance(value, str) and value.lower() not in ("true", "false"):
+            raise ValueError("confirm must be true or false")
+        return value
 
 
 class CollectionDeletedOut(Schema):

@@ -6,7 +6,7 @@ import time
 from typing import Annotated, Any, Literal
 
 import anyio
-from pydantic import Field, WithJsonSchema
+from pydantic import Field, Strict, WithJsonSchema
 from typing_extensions import TypedDict
 
 from kb.errors import ErrorCode, KBError
@@ -272,7 +272,7 @@ class CollectionDeleted(TypedDict):
 def rag_delete_collection(
     name: CollectionName,
     confirm: Annotated[
-        bool, Field(description="Must be true: the collection and all its documents are deleted")
+        bool, Strict(), Field(description="Must be true: the collection and all its documents are deleted")
     ] = False,
 ) -> CollectionDeleted:
     """Delete a collection with all its documents, chunks and embeddings. Requires confirm: true."""

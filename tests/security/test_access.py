@@ -275,3 +275,27 @@ def test_nan_and_infinity_sent_as_json_text_are_refused_over_mcp_as_over_rest(cl
         )
         assert error_code(rest) == (400, "INVALID_ARGUMENT")
     assert counts() == before
+
+
+def test_deleting_a_collection_takes_a_real_true(client):
+    collection_create(name="precious")
+    for loose in ("yes", "1", "on", "t"):
+        refused = client.delete("/api/collections/precious", params={"confirm": loose})
+        assert error_code(refused) == (400, "INVALID_ARGUMENT"), loose
+    before = counts()
+
+    async def run() -> None:
+        async with http_session(f"{str(client.base_url).rstrip('/')}/mcp") as session:
+            for loose in ("true", "yes", 1):
+                result = await session.call_tool("rag_delete_collection", {"name": "precious", "confirm": loose})
+                assert result.is_error, loose
+
+    anyio.run(run)
+    assert counts() == before
+
+
+def test_health_details_are_for_unlimited_admins_only(client):
+    collection_create(name="mine")
+    _, limited = token_create(name="limited admin", scope="admin", collections=["mine"])
+    checks = client.get("/health", headers={**bearer(limited), **ELSEWHERE}).json()["checks"]
+    assert all(set(check) == {"ok"} for check in checks.values()), checks
