@@ -208,6 +208,9 @@ OPENAI_BASE_URL = env_optional_str("OPENAI_BASE_URL")
 # directory for management commands.
 KB_FILE_ROOTS = env_list("KB_FILE_ROOTS")
 KB_MAX_DOCUMENT_BYTES = env_int("KB_MAX_DOCUMENT_BYTES", 50 * 1024 * 1024, minimum=1024)
+# Longest text one document may have, whatever its format (what chunking, the postings and the
+# web process's memory grow with: 4 million characters take about 6 s and +40 MB).
+KB_MAX_TEXT_CHARS = env_int("KB_MAX_TEXT_CHARS", 5_000_000, minimum=1_000)
 
 # Parsing budgets (kb.ingestion.formats): what one document may cost to parse, whatever its size on
 # disk. A document over a budget is refused with LOAD_FAILED naming the setting. The text extracted

@@ -287,7 +287,7 @@ class _Body(_PartHandler):
         if self._text_chars > self._max_text_chars:
             raise KBError(
                 ErrorCode.LOAD_FAILED,
-                f"The DOCX file's text is longer than {self._max_text_chars} characters (KB_MAX_DOCUMENT_BYTES)",
+                f"The DOCX file's text is longer than {self._max_text_chars} characters (KB_MAX_TEXT_CHARS)",
             )
 
     def end(self, tag: str) -> None:

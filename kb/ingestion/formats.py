@@ -221,7 +221,12 @@ def parse(data: bytes, *, content_type: str, filename: str = "") -> ParsedDocume
         return _parse_pdf(data)
     if content_type == "docx":
         return _parse_docx(data)
+    # Checked on the bytes, before decoding: no character takes more than four bytes in UTF-8.
+    if len(data) > 4 * settings.KB_MAX_TEXT_CHARS:
+        raise _too_much_text(f"{len(data)} bytes")
     text = decode_text(data)
+    if len(text) > settings.KB_MAX_TEXT_CHARS:
+        raise _too_much_text(f"{len(text)} characters")
     if content_type == "html":
         return _parse_html(text)
     if content_type == "json":
@@ -229,6 +234,14 @@ def parse(data: bytes, *, content_type: str, filename: str = "") -> ParsedDocume
     elif content_type == "yaml":
         _check_yaml(text)
     return ParsedDocument(text=text, content_type=content_type, title=_guess_title(text, content_type, filename))
+
+
+def _too_much_text(size: str) -> KBError:
+    # LOAD_FAILED, as for the text of a PDF or DOCX over the same limit.
+    return KBError(
+        ErrorCode.LOAD_FAILED,
+        f"The text is {size}; the limit is {settings.KB_MAX_TEXT_CHARS} characters (KB_MAX_TEXT_CHARS)",
+    )
 
 
 def decode_text(data: bytes) -> str:
@@ -458,7 +471,7 @@ def _extract_pdf_in_child(data: bytes) -> dict[str, Any]:
         "-m",
         pdf_text.__name__,
         f"--max-pages={settings.KB_PDF_MAX_PAGES}",
-        f"--max-text-chars={settings.KB_MAX_DOCUMENT_BYTES}",
+        f"--max-text-chars={settings.KB_MAX_TEXT_CHARS}",
         f"--memory-bytes={settings.KB_PDF_MAX_MEMORY_BYTES}",
         f"--cpu-seconds={timeout}",
     ]
@@ -491,8 +504,8 @@ def _pdf_failure_message(failure: str, detail: str) -> str:
         pdf_text.FAILURE_ENCRYPTED: "The PDF is encrypted with a password",
         pdf_text.FAILURE_TOO_MANY_PAGES: f"The PDF has {detail} pages; the limit is {settings.KB_PDF_MAX_PAGES} "
         "(KB_PDF_MAX_PAGES)",
-        pdf_text.FAILURE_TOO_MUCH_TEXT: f"The PDF's text is longer than {settings.KB_MAX_DOCUMENT_BYTES} characters "
-        "(KB_MAX_DOCUMENT_BYTES)",
+        pdf_text.FAILURE_TOO_MUCH_TEXT: f"The PDF's text is longer than {settings.KB_MAX_TEXT_CHARS} characters "
+        "(KB_MAX_TEXT_CHARS)",
         pdf_text.FAILURE_OUT_OF_MEMORY: f"Reading the PDF needed more than {settings.KB_PDF_MAX_MEMORY_BYTES} bytes "
         "of memory (KB_PDF_MAX_MEMORY_BYTES)",
     }.get(failure, f"The PDF could not be read: {detail}")
@@ -516,7 +529,7 @@ def _join_pages(page_texts: list[str]) -> tuple[str, tuple[Page, ...]]:
 def _parse_docx(data: bytes) -> ParsedDocument:
     from kb.ingestion.docx_text import read_docx
 
-    content = read_docx(data, max_text_chars=settings.KB_MAX_DOCUMENT_BYTES)
+    content = read_docx(data, max_text_chars=settings.KB_MAX_TEXT_CHARS)
     if not content.blocks:
         raise KBError(ErrorCode.LOAD_FAILED, "The DOCX file has no text")
     metadata: dict[str, Any] = {}

@@ -134,12 +134,12 @@ def test_a_docx_whose_directory_understates_a_part_is_not_read_past_it(collectio
 
 def test_merged_cells_cannot_multiply_a_small_docx_into_a_huge_text(collection, settings):
     """Each row's vertically merged cell repeats the first row's 10 KB: 2000 rows would make 20 MB."""
-    settings.KB_MAX_DOCUMENT_BYTES = 1024 * 1024
+    settings.KB_MAX_TEXT_CHARS = 1024 * 1024
     first = b"<w:tr><w:tc><w:tcPr><w:vMerge w:val='restart'/></w:tcPr><w:p><w:r><w:t>%s</w:t></w:r></w:p></w:tc></w:tr>"
     repeat = b"<w:tr><w:tc><w:tcPr><w:vMerge/></w:tcPr><w:p/></w:tc></w:tr>"
     bomb = rebuilt_docx(document_xml=body(b"<w:tbl>" + first % (b"x" * 10_000) + repeat * 2000 + b"</w:tbl>"))
     assert len(bomb) < 100 * 1024
-    assert "KB_MAX_DOCUMENT_BYTES" in refused_upload(collection, "cells.docx", bomb)
+    assert "KB_MAX_TEXT_CHARS" in refused_upload(collection, "cells.docx", bomb)
 
 
 def test_a_docx_part_declaring_xml_entities_is_refused(collection):
@@ -198,10 +198,17 @@ def test_a_pdf_over_the_page_budget_is_refused(collection, settings):
 
 
 def test_a_pdf_yielding_more_text_than_a_document_may_hold_is_refused(collection, settings):
-    settings.KB_MAX_DOCUMENT_BYTES = 64 * 1024
+    settings.KB_MAX_TEXT_CHARS = 64 * 1024
     drawing = b"BT /F1 12 Tf 72 720 Td (%s) Tj ET\n" % (b"x" * 1000)
     bomb = pdf_with_shared_content(pages=100, content=drawing)
-    assert "KB_MAX_DOCUMENT_BYTES" in refused_upload(collection, "wordy.pdf", bomb)
+    assert "KB_MAX_TEXT_CHARS" in refused_upload(collection, "wordy.pdf", bomb)
+
+
+@pytest.mark.parametrize("multiplier", [1, 5])  # over the limit in characters; over 4x it in bytes
+def test_a_plain_text_longer_than_a_document_may_hold_is_refused(collection, settings, multiplier):
+    settings.KB_MAX_TEXT_CHARS = 10_000
+    message = refused_upload(collection, "long.txt", b"lift and drag " * (1000 * multiplier))
+    assert "KB_MAX_TEXT_CHARS" in message
 
 
 # --- JSON, YAML, HTML --------------------------------------------------------------------------------
