@@ -3,6 +3,7 @@ bounded amount, and write nothing: NUL, lone surrogates, NaN/Infinity, integers 
 deep nesting, huge queries, offsets past bigint, names with a trailing newline, model names
 that point at server folders, dates no calendar holds."""
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -120,7 +121,11 @@ def test_the_local_provider_loads_only_packaged_models_or_the_models_folder(sett
         with pytest.raises(EmbeddingError):
             local_model_path(name)  # no models folder configured: nothing but the packaged model
     settings.KB_LOCAL_MODELS_DIR = models
-    assert local_model_path("my-model") == (models / "my-model").resolve()
+    if importlib.util.find_spec("torch"):
+        assert local_model_path("my-model") == (models / "my-model").resolve()
+    else:  # accepted as a model folder; it only lacks the optional PyTorch stack to run
+        with pytest.raises(EmbeddingError, match="PyTorch"):
+            local_model_path("my-model")
     for name in (str(tmp_path / "outside"), "../outside", "/etc", ".", "missing"):
         with pytest.raises(EmbeddingError) as raised:
             local_model_path(name)
