@@ -288,8 +288,15 @@ def _control_ratio(text: str) -> float:
     return controls / len(sample)
 
 
+# Past this size JSON is checked for nesting only, not decoded: decoding builds a Python object per
+# value, and a few megabytes of [[],[],...] weigh hundreds of megabytes.
+JSON_DECODE_MAX_CHARS = 1_000_000
+
+
 def _check_json(text: str) -> None:
     _check_nesting(_json_depth(text), "JSON")
+    if len(text) > JSON_DECODE_MAX_CHARS:
+        return
     try:
         _load_json(text)
     except ValueError as exc:

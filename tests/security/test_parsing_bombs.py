@@ -11,6 +11,7 @@ import zlib
 import pytest
 
 from kb.errors import ErrorCode, KBError
+from kb.ingestion.formats import parse
 from kb.models import Chunk, Document
 from kb.services.collections import collection_create
 from kb.services.ingest import document_ingest, document_ingest_upload
@@ -321,3 +322,17 @@ def test_an_ordinary_docx_gives_the_text_it_always_gave(collection):
         "creation_date": 1387840500.0,
         "modification_date": 1387840500.0,
     }
+
+
+def test_a_large_json_of_tiny_arrays_is_not_decoded_into_millions_of_objects():
+    import tracemalloc
+
+    bomb = b"[" + b"[]," * 1_500_000 + b"[]]"  # 4.5 MB: decoded, 1.5 million lists (+100 MB)
+    tracemalloc.start()
+    try:
+        parsed = parse(bomb, content_type="json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert parsed.content_type == "json" and len(parsed.text) == len(bomb)
+    assert peak < 4 * len(bomb), peak  # the bytes and the text, nothing in proportion to the values
