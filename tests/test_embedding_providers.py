@@ -1,5 +1,6 @@
 """The three providers behind one interface; Ollama and OpenAI against HTTP-level fakes."""
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -60,6 +61,21 @@ def test_a_text_longer_than_the_model_sees_is_cut_at_256_word_pieces():
     assert cosine(*seen) < 0.9999  # word pieces 200-203 still reach the vector
     unseen = embed_texts("local", "all-MiniLM-L6-v2", [text(MAX_WORD_PIECES, "chocolate cake"), text(300, "mach")])
     assert cosine(*unseen) > 0.99999  # past 256 (254 and [CLS], [SEP]) nothing does
+
+
+def _embed_in_forked_child() -> tuple[int, int]:
+    from kb import embeddings
+
+    vector = embed_texts("local", "all-MiniLM-L6-v2", ["boundary layers"])[0]
+    return len(vector), len(embeddings._forked_sessions)
+
+
+def test_a_forked_child_runs_a_session_of_its_own():
+    """Celery forks its workers: a session made before the fork is left alone in the child."""
+    parent = embed_texts("local", "all-MiniLM-L6-v2", ["boundary layers"])[0]
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        dimensions, inherited = pool.apply_async(_embed_in_forked_child).get(timeout=120)
+    assert (dimensions, inherited) == (len(parent), 1)
 
 
 def test_an_unknown_local_model_is_refused_rather_than_downloaded():
