@@ -15,11 +15,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,10 +45,11 @@ def child_env() -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def answer_writes_at_once(settings: Any) -> None:
+def answer_writes_at_once() -> Iterator[None]:
     """Most tests run no worker: MCP writes answer at once instead of waiting to be searchable
     (KB_WRITE_WAIT_SECONDS). Tests of searchable-on-return set the wait and run a real worker."""
-    settings.KB_WRITE_WAIT_SECONDS = 0
+    with override_settings(KB_WRITE_WAIT_SECONDS=0):
+        yield
 
 
 class ChildProcess:
