@@ -22,10 +22,18 @@ def health_report(*, detailed: bool) -> dict[str, Any]:
     learn only what is up and what is down: details name server paths and internal addresses."""
     checks = {"database": database_check(), "broker": broker_check()}
     checks["embedding"] = embedding_check(models=_models_in_use(database_ok=checks["database"]["ok"]))
-    ok = all(check["ok"] for check in checks.values())
     if not detailed:
         checks = {name: {"ok": check["ok"]} for name, check in checks.items()}
-    return {"status": "ok" if ok else "error", "checks": checks}
+    return {"status": readiness(checks), "checks": checks}
+
+
+def readiness(checks: dict[str, dict[str, Any]]) -> str:
+    """"error" (HTTP 503) only when the server cannot work: the database or the broker is down.
+    One collection's unreachable embedding provider makes it "degraded": search, ingestion and
+    the other collections still work, and the failing model is named in the details."""
+    if not (checks["database"]["ok"] and checks["broker"]["ok"]):
+        return "error"
+    return "ok" if checks["embedding"]["ok"] else "degraded"
 
 
 def database_check() -> dict[str, Any]:

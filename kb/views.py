@@ -8,7 +8,7 @@ from kb.errors import ErrorCode, KBError
 
 def health(request: HttpRequest) -> JsonResponse:
     report = selectors.health_report(detailed=sees_health_details(request))
-    return JsonResponse(report, status=200 if report["status"] == "ok" else 503)
+    return JsonResponse(report, status=503 if report["status"] == "error" else 200)
 
 
 def liveness(request: HttpRequest) -> JsonResponse:

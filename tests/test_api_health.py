@@ -5,7 +5,7 @@ import json
 import pytest
 
 from config.celery import app
-from kb.health import broker_check
+from kb.health import broker_check, readiness
 from kb.services.collections import collection_create
 from tests.conftest import free_port
 from tests.support.http_server import serve
@@ -43,25 +43,26 @@ def test_an_ollama_model_in_use_is_checked_on_the_ollama_server(client, settings
     assert body["checks"]["embedding"]["models"]["ollama:nomic-embed-text"] == {"ok": True, "host": base}
 
 
-def test_a_model_ollama_has_not_pulled_is_an_error(client, settings):
+def test_a_model_ollama_has_not_pulled_is_named(client, settings):
     collection_create(name="remote", embedding_provider="ollama")
     with serve({"/api/tags": ollama_tags("llama3:latest")}) as base:
         settings.OLLAMA_HOST = base
         response = client.get("/api/health")
-    assert response.status_code == 503
+    assert (response.status_code, response.json()["status"]) == (200, "degraded")
     assert (
         "ollama pull nomic-embed-text"
         in response.json()["checks"]["embedding"]["models"]["ollama:nomic-embed-text"]["error"]
     )
 
 
-def test_an_unreachable_provider_makes_the_service_unhealthy(client, settings):
+def test_an_unreachable_provider_degrades_the_service_without_failing_it(client, settings):
+    """Search, ingestion and the other collections still work: a load balancer must keep it."""
     settings.OLLAMA_HOST = f"http://127.0.0.1:{free_port()}"
     collection_create(name="remote", embedding_provider="ollama")
     response = client.get("/api/health")
-    assert response.status_code == 503
+    assert response.status_code == 200
     body = response.json()
-    assert body["status"] == "error"
+    assert body["status"] == "degraded"
     assert body["checks"]["database"]["ok"] is True
     assert "unreachable" in body["checks"]["embedding"]["models"]["ollama:nomic-embed-text"]["error"]
 
@@ -91,3 +92,17 @@ def test_the_file_system_broker_needs_writable_folders(tmp_path):
     finally:
         app.conf.broker_transport_options = options
     assert check == {"ok": False, "transport": "filesystem", "error": f"not writable: {tmp_path / 'missing'}"}
+
+
+@pytest.mark.parametrize(
+    ("database", "broker", "embedding", "status"),
+    [
+        (True, True, True, "ok"),
+        (True, True, False, "degraded"),
+        (False, True, True, "error"),
+        (True, False, False, "error"),
+    ],
+)
+def test_only_a_missing_database_or_broker_makes_the_server_unready(database, broker, embedding, status):
+    checks = {"database": {"ok": database}, "broker": {"ok": broker}, "embedding": {"ok": embedding}}
+    assert readiness(checks) == status

@@ -496,5 +496,5 @@ class StatsOut(Schema):
 
 
 class HealthOut(Schema):
-    status: Literal["ok", "error"]
+    status: Literal["ok", "degraded", "error"]
     checks: dict[str, dict[str, Any]]

@@ -65,4 +65,4 @@ def stats(request: HttpRequest, query: Query[StatsQuery]) -> StatsOut:
 )
 def health(request: HttpRequest) -> Status[HealthOut]:
     report = health_report(detailed=sees_health_details(request))
-    return Status(200 if report["status"] == "ok" else 503, HealthOut(**report))
+    return Status(503 if report["status"] == "error" else 200, HealthOut(**report))
