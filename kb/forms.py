@@ -43,7 +43,8 @@ class CollectionForm(forms.ModelForm):
     embedding_model_name = forms.CharField(
         label="Embedding model",
         max_length=200,
-        help_text="Defaults: "
+        required=False,
+        help_text="Blank, or another provider's default: this provider's default. Defaults: "
         + ", ".join(f"{provider}: {model}" for provider, model in settings.EMBEDDING_DEFAULT_MODELS.items())
         + ". Changing it re-embeds the collection in the background; search switches when it is done.",
     )

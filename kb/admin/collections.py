@@ -17,6 +17,7 @@ from kb.models import Collection, Embedding, EmbeddingModel
 from kb.selectors import collection_list
 from kb.services.collections import collection_create, collection_delete, collection_update
 from kb.services.embedding import collection_switch_model
+from kb.services.embedding_models import default_model_for
 
 
 @admin.register(Collection)
@@ -164,7 +165,8 @@ class CollectionAdmin(admin.ModelAdmin):
         adopt(obj, created)
 
     def _switch_model_if_asked(self, request: HttpRequest, collection: Collection, data: dict[str, Any]) -> None:
-        wanted = (data["embedding_provider"], data["embedding_model_name"].strip())
+        provider = data["embedding_provider"]
+        wanted = (provider, default_model_for(provider, data["embedding_model_name"].strip()))
         shown = collection.next_embedding_model or collection.embedding_model
         if wanted == (shown.provider, shown.name):
             return

@@ -23,7 +23,7 @@ def embedding_model_get_or_create(*, provider: str, name: str) -> EmbeddingModel
             ErrorCode.INVALID_ARGUMENT,
             f"Unknown embedding provider {provider!r}; use one of {', '.join(EmbeddingProvider.values)}",
         )
-    name = name.strip()
+    name = default_model_for(provider, name.strip())
     if not name:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "Embedding model name must not be empty")
     if len(name) > EMBEDDING_MODEL_NAME_MAX_LENGTH:
@@ -36,6 +36,17 @@ def embedding_model_get_or_create(*, provider: str, name: str) -> EmbeddingModel
     if created and known:
         model = embedding_model_record_dimensions(model=model, dimensions=known)
     return model
+
+
+def default_model_for(provider: str, name: str) -> str:
+    """The model a provider is asked for: its default when none is named, or when the name is
+    another provider's default (a form that switched the provider and kept the old default:
+    ``ollama:all-MiniLM-L6-v2`` fails every embedding)."""
+    defaults = settings.EMBEDDING_DEFAULT_MODELS
+    others = {model for other, model in defaults.items() if other != provider}
+    if not name or (name in others and name != defaults.get(provider)):
+        return defaults.get(provider, name)
+    return name
 
 
 def _check_local_model(name: str) -> None:
