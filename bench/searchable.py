@@ -76,6 +76,15 @@ def bulk_pending(collection: str) -> int:
     return Document.objects.filter(collection__name=collection).exclude(status=DocumentStatus.READY).count()
 
 
+def during_bulk_import(label: str, url: str, folder: Path, count: int) -> None:
+    collection = f"bulk{time.time():.0f}"
+    importer = start_bulk_import(folder, collection)
+    time.sleep(5)
+    report(label, *asyncio.run(writes(url, count, collection)))
+    print(f"  (bulk documents still waiting when the writes ended: {bulk_pending(collection)})")
+    importer.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--writes", type=int, default=30)
@@ -101,23 +110,10 @@ def main() -> None:
             Path(folder, f"{document['_id']}.txt").write_text(f"{document['title']}\n\n{document['text']}")
         report("idle, interactive lane", *asyncio.run(writes(url, args.writes, f"idle{time.time():.0f}")))
 
-        collection = f"bulk{time.time():.0f}"
-        importer = start_bulk_import(Path(folder), collection)
-        time.sleep(5)
-        measured = asyncio.run(writes(url, args.writes, f"busy{time.time():.0f}"))
-        report("during a bulk import, interactive lane", *measured)
-        print(f"  (bulk documents still waiting when the writes ended: {bulk_pending(collection)})")
-        importer.wait()
-
+        during_bulk_import("during a bulk import, interactive lane", url, folder, args.writes)
         interactive.terminate()
         interactive.wait()
-        collection = f"ref{time.time():.0f}"
-        importer = start_bulk_import(Path(folder), collection)
-        time.sleep(5)
-        measured = asyncio.run(writes(url, args.writes, f"ref{time.time():.0f}"))
-        report("reference: one worker, during a bulk import", *measured)
-        print(f"  (bulk documents still waiting when the writes ended: {bulk_pending(collection)})")
-        importer.wait()
+        during_bulk_import("reference: one worker, during a bulk import", url, folder, args.writes)
     finally:
         for process in (server, main_worker, interactive):
             process.terminate()
