@@ -60,7 +60,7 @@ def test_it_updates_settings(db):
 def test_a_provider_switch_that_keeps_another_providers_default_takes_its_own(db):
     created = collection_create(name="switched", embedding_provider="ollama", embedding_model="all-MiniLM-L6-v2")
     assert (created.embedding_model.provider, created.embedding_model.name) == ("ollama", "nomic-embed-text")
-    blank = collection_create(name="blank", embedding_provider="openai", embedding_model="")
-    assert blank.embedding_model.name == "text-embedding-3-small"
+    unnamed = collection_create(name="unnamed", embedding_provider="openai")
+    assert unnamed.embedding_model.name == "text-embedding-3-small"
     named = collection_create(name="named", embedding_provider="ollama", embedding_model="mxbai-embed-large")
     assert named.embedding_model.name == "mxbai-embed-large"

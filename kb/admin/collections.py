@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import actions as stock_actions
 from django.db.models import QuerySet
@@ -166,7 +167,8 @@ class CollectionAdmin(admin.ModelAdmin):
 
     def _switch_model_if_asked(self, request: HttpRequest, collection: Collection, data: dict[str, Any]) -> None:
         provider = data["embedding_provider"]
-        wanted = (provider, default_model_for(provider, data["embedding_model_name"].strip()))
+        named = data["embedding_model_name"].strip() or settings.EMBEDDING_DEFAULT_MODELS[provider]
+        wanted = (provider, default_model_for(provider, named))
         shown = collection.next_embedding_model or collection.embedding_model
         if wanted == (shown.provider, shown.name):
             return

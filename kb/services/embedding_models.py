@@ -39,12 +39,12 @@ def embedding_model_get_or_create(*, provider: str, name: str) -> EmbeddingModel
 
 
 def default_model_for(provider: str, name: str) -> str:
-    """The model a provider is asked for: its default when none is named, or when the name is
-    another provider's default (a form that switched the provider and kept the old default:
-    ``ollama:all-MiniLM-L6-v2`` fails every embedding)."""
+    """The model a provider is asked for: its own default when the name is another provider's
+    default (a form that switched the provider and kept the old default: ``ollama:all-MiniLM-L6-v2``
+    fails every embedding). An empty name stays empty: it is refused."""
     defaults = settings.EMBEDDING_DEFAULT_MODELS
     others = {model for other, model in defaults.items() if other != provider}
-    if not name or (name in others and name != defaults.get(provider)):
+    if name in others and name != defaults.get(provider):
         return defaults.get(provider, name)
     return name
 
