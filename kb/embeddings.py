@@ -32,7 +32,7 @@ MAX_WORD_PIECES = 256  # the model's max_seq_length, [CLS] and [SEP] included
 ONNX_BATCH_SIZE = 4
 _NO_TORCH = (
     "This local model is a sentence-transformers folder and needs the optional PyTorch stack "
-    "(pip install sentence-transformers torch); the packaged all-MiniLM-L6-v2 needs neither"
+    "(requirements-torch.txt, `make torch`); the packaged all-MiniLM-L6-v2 needs neither"
 )
 
 
