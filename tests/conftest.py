@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -127,3 +128,13 @@ def _port_open(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say which server-backed tests ran against what, and which were skipped for lack of one."""
+    from tests.support.services import USED
+
+    if USED:
+        terminalreporter.section("service tests")
+        for variable, outcome in sorted(USED.items()):
+            terminalreporter.write_line(f"{variable.removeprefix('KB_TEST_').removesuffix('_URL').lower()}: {outcome}")

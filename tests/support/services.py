@@ -18,14 +18,21 @@ LOOPBACK_DEFAULTS = {
 }
 
 
+# What each service test found, for the closing summary (tests/conftest.py).
+USED: dict[str, str] = {}
+
+
 def service_url(variable: str, what: str) -> str:
     url = os.environ.get(variable)
     if url:
+        USED[variable] = f"used {_without_password(url)} ({variable})"
         return url
     default = LOOPBACK_DEFAULTS[variable]
     if _listening(default):
+        USED[variable] = f"used {_without_password(default)} (found listening)"
         return default
     message = f"{variable} is not set and nothing listens at {urlsplit(default).netloc}: this test needs {what}"
+    USED[variable] = f"SKIPPED: {message}"
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
@@ -36,6 +43,11 @@ def missing_on_this_machine(variable: str, reason: str) -> None:
     if os.environ.get(variable) or os.environ.get("CI"):
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    return url.replace(f":{parts.password}@", ":***@") if parts.password else url
 
 
 def _listening(url: str) -> bool:
