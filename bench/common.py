@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EVAL = ROOT.parent / "shared" / "eval"
 
 
-def setup_django() -> None:
-    """Benchmarks keep their own embedded Postgres and broker files in var/bench."""
+def setup_django(*, migrate: bool = True) -> None:
+    """Benchmarks keep their own embedded Postgres and broker files in var/bench; ``migrate=False``
+    for those that need the settings only, not the database."""
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("KB_VAR_DIR", str(ROOT / "var" / "bench"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -22,7 +23,8 @@ def setup_django() -> None:
     from django.core.management import call_command
 
     django.setup()
-    call_command("migrate", verbosity=0)
+    if migrate:
+        call_command("migrate", verbosity=0)
 
 
 def read_jsonl(path: Path) -> Iterator[dict]:

@@ -30,20 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import EVAL, ROOT, load_beir, ndcg_at, percentile, read_jsonl
+from common import EVAL, load_beir, ndcg_at, percentile, read_jsonl, setup_django
 
 QUERY_BLOCK = 25
-
-
-def setup() -> None:
-    """Django settings only: nothing here needs the database."""
-    sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("KB_VAR_DIR", str(ROOT / "var" / "bench"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
 
 
 def chunks_of(name: str, limit: int) -> list[str]:
@@ -88,7 +77,7 @@ def main() -> None:
     parser.add_argument("--retrieval", action="store_true", help="also dense nDCG@10, each side and mixed")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    setup()
+    setup_django(migrate=False)  # nothing here needs the database
     import numpy as np
     from django.conf import settings
 
