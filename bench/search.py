@@ -220,7 +220,7 @@ def bm25_agreement(collection: str, queries: list[str]) -> float:
     agree = 0
     for query in queries:
         results = search(query=query, collections=[collection], top_k=10, mode="keyword").results
-        found = [(result.chunk_id, result.score) for result in results]
+        found = [(result.chunk_id, result.keyword_score) for result in results]
         terms = query_terms(query)
         with connection.cursor() as cursor:
             cursor.execute(

@@ -173,7 +173,7 @@ class PlaygroundForm(forms.Form):
     top_k = forms.IntegerField(
         min_value=1, max_value=100, required=False, label="Top k", help_text="Empty: the collection's, else 10."
     )
-    min_score = forms.FloatField(required=False, label="Minimum fused score")
+    min_score = forms.FloatField(required=False, label="Minimum score (0 to 1)")
     min_similarity = forms.FloatField(required=False, min_value=-1.0, max_value=1.0, label="Minimum similarity")
     content_types = forms.MultipleChoiceField(
         choices=[(kind, kind) for kind in CONTENT_TYPES], required=False, widget=forms.SelectMultiple(attrs={"size": 4})

@@ -28,7 +28,7 @@ def health_report(*, detailed: bool) -> dict[str, Any]:
 
 
 def readiness(checks: dict[str, dict[str, Any]]) -> str:
-    """"error" (HTTP 503) only when the server cannot work: the database or the broker is down.
+    """ "error" (HTTP 503) only when the server cannot work: the database or the broker is down.
     One collection's unreachable embedding provider makes it "degraded": search, ingestion and
     the other collections still work, and the failing model is named in the details."""
     if not (checks["database"]["ok"] and checks["broker"]["ok"]):

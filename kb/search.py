@@ -9,9 +9,18 @@ One service for every front door (admin playground, API, MCP, ``kb_search``):
 - ``semantic``: cosine similarity with the HNSW index of each collection's embedding model,
   iterative index scans so that filtered queries still fill ``top_k``; an exact scan when a
   filter leaves few chunks.
-- ``hybrid`` (default): both lists, each ``candidate_depth`` deep, fused with weighted RRF:
-  ``score = 2w/(k + vector_rank) + 2(1-w)/(k + keyword_rank)``, so equal weights give the
+- ``hybrid`` (default): both lists, each ``candidate_depth`` deep, ranked by weighted RRF:
+  ``fused_score = 2w/(k + vector_rank) + 2(1-w)/(k + keyword_rank)``, so equal weights give the
   classic RRF value.
+
+Every result's ``score`` is one relevance scale in [0, 1] whatever the mode, so that one threshold
+(``min_score``, or a client keeping ``score > 0.5``) means the same in each:
+``score = w * clip(cosine, 0, 1) + (1 - w) * min(1, bm25 / full_match)``, where ``full_match`` is
+the BM25 value of a chunk of average length that holds every query term once (so 1.0 = all the
+query's words are there; terms found nowhere count against it too) and ``w`` is 1 for semantic, 0
+for keyword, the semantic weight for hybrid. Down a hybrid list a result's score is capped by the
+one above it, so scores never rise with the rank and a threshold cuts the list at one place. The
+raw values stay: ``similarity`` (cosine), ``keyword_score`` (BM25), ``fused_score`` (RRF, hybrid).
 
 Filters fail closed: an unknown collection is an error, an empty list of documents matches
 nothing, an unknown operator is INVALID_ARGUMENT.
@@ -54,6 +63,7 @@ POSTINGS_BUDGET = 20000
 class SearchResult:
     rank: int
     score: float
+    fused_score: float | None
     similarity: float | None
     vector_rank: int | None
     keyword_rank: int | None
@@ -148,6 +158,8 @@ def search(
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"mode must be one of {', '.join(MODES)}")
     if semantic_weight is not None and not 0.0 <= semantic_weight <= 1.0:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "semantic_weight must be between 0.0 and 1.0")
+    if min_score is not None and not 0.0 <= min_score <= 1.0:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "min_score must be between 0.0 and 1.0")
     if min_similarity is not None and not -1.0 <= min_similarity <= 1.0:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "min_similarity must be between -1.0 and 1.0")
     if document_ids is not None and len(document_ids) > MAX_FILTER_DOCUMENTS:
@@ -166,10 +178,9 @@ def search(
         return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=[])
 
     with transaction.atomic():  # SET LOCAL needs a transaction; one snapshot for both halves
-        keyword_hits: list[tuple[int, float]] = []
+        keyword = _KeywordQuery.of(query, filters) if mode in ("keyword", "hybrid") and weight < 1.0 else None
+        keyword_hits = keyword.top(depth) if keyword else []
         vector_hits: dict[int, tuple[int, float]] = {}
-        if mode in ("keyword", "hybrid") and weight < 1.0:
-            keyword_hits = bm25_search(query, filters, depth)
         if mode in ("semantic", "hybrid") and weight > 0.0:
             try:
                 vector_hits = _vector_search(query, targets, filters, depth)
@@ -183,16 +194,22 @@ def search(
             # Chunks found only by keyword still get their similarity (the query is embedded already).
             wanted = fused if min_similarity is not None else fused[:top_k]
             similarities.update(_similarities(query, targets, [c for c, _ in wanted if c not in similarities]))
-        selected = [
-            (chunk_id, score)
-            for chunk_id, score in fused
-            if (min_score is None or score >= min_score)
-            and (
-                min_similarity is None
-                or (similarities.get(chunk_id) is not None and similarities[chunk_id] >= min_similarity)
-            )
+        candidates = [
+            (chunk_id, fused_score)
+            for chunk_id, fused_score in fused
+            if min_similarity is None
+            or (similarities.get(chunk_id) is not None and similarities[chunk_id] >= min_similarity)
         ][:top_k]
-        results = _results(selected, keyword_hits, vector_hits, similarities)
+        keyword_scores = dict(keyword_hits)
+        if keyword and mode == "hybrid":  # found by meaning only: their BM25 counts towards the score
+            keyword_scores.update(keyword.scores([c for c, _ in candidates if c not in keyword_scores]))
+        # No vector list at all (provider down, nothing embedded yet): the score is keyword relevance.
+        scoring_weight = weight if vector_hits else 0.0
+        scored = _scored(
+            candidates, similarities, keyword_scores, keyword.full_match if keyword else 0.0, scoring_weight
+        )
+        selected = [item for item in scored if min_score is None or item[2] >= min_score]
+        results = _results(selected, mode, keyword_scores, keyword_hits, vector_hits, similarities)
     return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=results, warnings=warnings)
 
 
@@ -316,35 +333,53 @@ def query_terms(query: str) -> dict[str, int]:
         return dict(cursor.fetchall())
 
 
-def bm25_search(query: str, filters: Filters, depth: int) -> list[tuple[int, float]]:
-    """The ``depth`` best chunks by Okapi BM25 (Lucene's idf), best first."""
-    terms = query_terms(query)
-    if not terms or not filters.collection_ids:
-        return []
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT coalesce(sum(chunk_count), 0)::float8, coalesce(sum(total_length), 0)::float8 "
-            "FROM kb_collection_stats WHERE collection_id = ANY(%s)",
-            [list(filters.collection_ids)],
-        )
-        chunk_total, length_total = cursor.fetchone()
-        if not chunk_total:
-            return []
-        cursor.execute(
-            "SELECT term, sum(df)::float8 FROM kb_term_stats "
-            "WHERE collection_id = ANY(%s) AND term = ANY(%s) GROUP BY term",
-            [list(filters.collection_ids), list(terms)],
-        )
-        frequencies = dict(cursor.fetchall())
-    weights = {
-        term: count * math.log(1 + (chunk_total - frequencies[term] + 0.5) / (frequencies[term] + 0.5))
-        for term, count in terms.items()
-        if frequencies.get(term)
-    }
-    if not weights:
-        return []
-    scorer = _BM25Scorer(filters, weights, frequencies, avgdl=length_total / chunk_total)
-    return scorer.top(depth)
+@dataclass(frozen=True)
+class _KeywordQuery:
+    """A query's BM25 terms over the searched chunks, and its ``full_match`` scale."""
+
+    scorer: "_BM25Scorer | None"
+    full_match: float
+
+    @classmethod
+    def of(cls, query: str, filters: Filters) -> "_KeywordQuery":
+        """Okapi BM25 with Lucene's idf, over the statistics of exactly the collections searched."""
+        terms = query_terms(query)
+        if not terms or not filters.collection_ids:
+            return cls(scorer=None, full_match=0.0)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT coalesce(sum(chunk_count), 0)::float8, coalesce(sum(total_length), 0)::float8 "
+                "FROM kb_collection_stats WHERE collection_id = ANY(%s)",
+                [list(filters.collection_ids)],
+            )
+            chunk_total, length_total = cursor.fetchone()
+            if not chunk_total:
+                return cls(scorer=None, full_match=0.0)
+            cursor.execute(
+                "SELECT term, sum(df)::float8 FROM kb_term_stats "
+                "WHERE collection_id = ANY(%s) AND term = ANY(%s) GROUP BY term",
+                [list(filters.collection_ids), list(terms)],
+            )
+            frequencies = dict(cursor.fetchall())
+        idf = {
+            term: math.log(1 + (chunk_total - frequencies.get(term, 0) + 0.5) / (frequencies.get(term, 0) + 0.5))
+            for term in terms
+        }
+        # One occurrence in a chunk of average length adds weight / (1 + k1) (see _BM25Scorer._score).
+        full_match = sum(count * idf[term] for term, count in terms.items()) / (1 + settings.KB_BM25_K1)
+        weights = {term: count * idf[term] for term, count in terms.items() if frequencies.get(term)}
+        scorer = _BM25Scorer(filters, weights, frequencies, avgdl=length_total / chunk_total) if weights else None
+        return cls(scorer=scorer, full_match=full_match)
+
+    def top(self, depth: int) -> list[tuple[int, float]]:
+        """The ``depth`` best chunks by BM25, best first."""
+        return self.scorer.top(depth) if self.scorer else []
+
+    def scores(self, chunk_ids: list[int]) -> dict[int, float]:
+        """BM25 of just these chunks (those holding no query term are left out: their score is 0)."""
+        if not self.scorer or not chunk_ids:
+            return {}
+        return self.scorer._score(list(self.scorer.weights), chunk_ids=chunk_ids)
 
 
 @dataclass
@@ -573,15 +608,34 @@ def _fuse(
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
 
 
+def _scored(
+    candidates: list[tuple[int, float]],
+    similarities: dict[int, float],
+    keyword_scores: dict[int, float],
+    full_match: float,
+    weight: float,
+) -> list[tuple[int, float, float]]:
+    """(chunk id, fused score, score in [0, 1]) in rank order; see the module's docstring."""
+    scored, ceiling = [], 1.0
+    for chunk_id, fused_score in candidates:
+        semantic = min(1.0, max(0.0, similarities.get(chunk_id) or 0.0))
+        keyword = min(1.0, keyword_scores.get(chunk_id, 0.0) / full_match) if full_match else 0.0
+        ceiling = min(ceiling, weight * semantic + (1 - weight) * keyword)
+        scored.append((chunk_id, fused_score, ceiling))
+    return scored
+
+
 def _results(
-    selected: list[tuple[int, float]],
+    selected: list[tuple[int, float, float]],
+    mode: str,
+    keyword_scores: dict[int, float],
     keyword_hits: list[tuple[int, float]],
     vector_hits: dict[int, tuple[int, float]],
     similarities: dict[int, float],
 ) -> list[SearchResult]:
     if not selected:
         return []
-    keyword_ranks = {chunk_id: (rank, score) for rank, (chunk_id, score) in enumerate(keyword_hits, start=1)}
+    keyword_ranks = {chunk_id: rank for rank, (chunk_id, _) in enumerate(keyword_hits, start=1)}
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -592,24 +646,24 @@ def _results(
             JOIN kb_collection col ON col.id = c.collection_id
             WHERE c.id = ANY(%s)
             """,
-            [[chunk_id for chunk_id, _ in selected]],
+            [[chunk_id for chunk_id, *_ in selected]],
         )
         rows = {row[0]: row for row in cursor.fetchall()}
     results = []
-    for chunk_id, score in selected:
+    for chunk_id, fused_score, score in selected:
         row = rows.get(chunk_id)
         if row is None:  # deleted between the ranking and now
             continue
-        keyword = keyword_ranks.get(chunk_id)
         vector = vector_hits.get(chunk_id)
         results.append(
             SearchResult(
                 rank=len(results) + 1,
-                score=round(float(score), 6),
-                similarity=None if similarities.get(chunk_id) is None else round(float(similarities[chunk_id]), 6),
+                score=round(score, 6),
+                fused_score=round(float(fused_score), 6) if mode == "hybrid" else None,
+                similarity=_rounded(similarities.get(chunk_id)),
                 vector_rank=vector[0] if vector else None,
-                keyword_rank=keyword[0] if keyword else None,
-                keyword_score=round(float(keyword[1]), 6) if keyword else None,
+                keyword_rank=keyword_ranks.get(chunk_id),
+                keyword_score=_rounded(keyword_scores.get(chunk_id)),
                 chunk_id=chunk_id,
                 content=row[1],
                 chunk_index=row[2],
@@ -627,6 +681,10 @@ def _results(
             )
         )
     return results
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 6)
 
 
 def _json(value: Any) -> dict[str, Any]:

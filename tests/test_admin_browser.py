@@ -169,4 +169,4 @@ def search_in_playground(page, base: str, expect) -> None:
     expect(first).to_be_visible(timeout=60_000)
     expect(first.locator("h3 a").first).to_have_text(EXPECTED_FIRST)
     expect(first.locator("mark").first).to_be_visible()
-    assert first.locator(".kb-scores dd").nth(2).inner_text() != "—"  # found by vector search too
+    assert first.locator(".kb-scores dd").nth(3).inner_text() != "—"  # found by vector search too

@@ -66,7 +66,7 @@ def test_a_hybrid_search_shows_fused_score_similarity_both_ranks_highlights_and_
     assert "<mark>stalls</mark>" in page and "<mark>angle</mark>" in page
     assert reverse("admin:kb_document_change", args=[results[0].document_id]) in page
     assert reverse("admin:kb_chunk_change", args=[results[0].chunk_id]) in page
-    assert "lines 1\u20131" in page and "Fused score" in page and "Vector rank" in page and "Keyword rank" in page
+    assert "lines 1\u20131" in page and "Fused (RRF)" in page and "Vector rank" in page and "Keyword rank" in page
 
 
 def test_the_semantic_weight_and_mode_reach_the_search(admin_client, embedded_collection):
@@ -88,8 +88,15 @@ def test_top_k_min_score_and_metadata_filters_narrow_the_results(admin_client):
     assert len(results_of(admin_client.get(PLAYGROUND, {**base, "top_k": 2}))) == 2
     filtered = results_of(admin_client.get(PLAYGROUND, {**base, "top_k": 10, "metadata": '{"year": {"$gte": 2022}}'}))
     assert {result.title for result in filtered} == {"Note 2", "Note 3"}
-    assert results_of(admin_client.get(PLAYGROUND, {**base, "top_k": 10, "min_score": "100"})) == []
-    assert "Nothing matched" in admin_client.get(PLAYGROUND, {**base, "min_score": "100"}).content.decode()
+    # "whirlwind" is in no note: each holds a small part of what was asked.
+    weak = {"q": "turbulence whirlwind", "mode": "keyword"}
+    assert len(results_of(admin_client.get(PLAYGROUND, {**weak, "top_k": 10}))) == 4
+    assert results_of(admin_client.get(PLAYGROUND, {**weak, "top_k": 10, "min_score": "0.5"})) == []
+    assert "Nothing matched" in admin_client.get(PLAYGROUND, {**weak, "min_score": "0.5"}).content.decode()
+    assert (
+        "min_score must be between 0.0 and 1.0"
+        in admin_client.get(PLAYGROUND, {**base, "min_score": "100"}).content.decode()
+    )
 
 
 def test_mistakes_are_explained_on_the_form(admin_client):

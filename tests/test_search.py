@@ -92,14 +92,14 @@ def test_keyword_search_is_exact_bm25_even_when_pruned(db, monkeypatch, budget):
     query = "wing drag drag shock vortex speed"
     expected = sorted(reference_bm25(query, collection.pk).items(), key=lambda item: (-item[1], item[0]))[:10]
     response = search(query=query, collections=["many"], mode="keyword", top_k=10)
-    got = [(result.chunk_id, result.score) for result in response.results]
+    got = [(result.chunk_id, result.keyword_score) for result in response.results]
     assert [score for _, score in got] == pytest.approx([score for _, score in expected], rel=1e-6)
     assert {chunk for chunk, _ in got} == {chunk for chunk, _ in expected} or len({s for _, s in expected}) < 10
 
 
 def test_a_repeated_query_term_counts_repeatedly(corpus):
-    once = search(query="flutter", collections=["aero"], mode="keyword").results[0].score
-    twice = search(query="flutter flutter", collections=["aero"], mode="keyword").results[0].score
+    once = search(query="flutter", collections=["aero"], mode="keyword").results[0].keyword_score
+    twice = search(query="flutter flutter", collections=["aero"], mode="keyword").results[0].keyword_score
     assert twice == pytest.approx(2 * once)
 
 
@@ -110,14 +110,14 @@ def test_semantic_search_finds_meaning_without_shared_words(corpus):
     assert response.results[0].vector_rank == 1 and response.results[0].keyword_rank is None
 
 
-def test_hybrid_results_carry_every_field_and_the_fused_score(corpus, settings):
+def test_hybrid_results_carry_every_field_and_the_fused_rrf_value(corpus, settings):
     response = search(query="turbulent boundary layer separation", collections=["aero"], top_k=3)
     first = response.results[0]
     assert names(response)[0] == "boundary"
     assert (first.rank, first.vector_rank, first.keyword_rank) == (1, 1, 1)
     weight, k = response.semantic_weight, settings.KB_RRF_K
     assert weight == settings.KB_SEMANTIC_WEIGHT
-    assert first.score == pytest.approx(2 * weight / (k + 1) + 2 * (1 - weight) / (k + 1), rel=1e-5)
+    assert first.fused_score == pytest.approx(2 * weight / (k + 1) + 2 * (1 - weight) / (k + 1), rel=1e-5)
     as_dict = first.as_dict()
     for key in (
         "similarity",
@@ -132,6 +132,53 @@ def test_hybrid_results_carry_every_field_and_the_fused_score(corpus, settings):
     ):
         assert as_dict[key] is not None, key
     assert as_dict["lines"] == "1-1" and as_dict["collection"] == "aero" and as_dict["metadata"]["topic"] == "boundary"
+
+
+def keyword_relevance(query: str, collection_id: int, bm25: float, k1: float = 1.2) -> float:
+    """BM25 over that of an average-length chunk holding every query term once, at most 1."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM kb_chunk WHERE collection_id = %s", [collection_id])
+        (n,) = cursor.fetchone()
+        full_match = 0.0
+        for term, count in search_module.query_terms(query).items():
+            cursor.execute(
+                "SELECT count(*) FROM kb_chunk WHERE collection_id = %s AND search_vector @@ %s::tsquery",
+                [collection_id, term],
+            )
+            (df,) = cursor.fetchone()
+            full_match += count * math.log(1 + (n - df + 0.5) / (df + 0.5)) / (1 + k1)
+    return min(1.0, bm25 / full_match)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "semantic", "keyword"])
+def test_the_score_is_one_scale_from_0_to_1_that_never_rises_down_the_list(corpus, mode):
+    collection, _ = corpus
+    query = "shock wave temperature of the flow"
+    response = search(query=query, collections=["aero"], mode=mode, top_k=6)
+    scores = [result.score for result in response.results]
+    assert len(scores) >= 3 and all(0.0 <= score <= 1.0 for score in scores)
+    assert scores == sorted(scores, reverse=True)
+    first = response.results[0]
+    semantic = max(0.0, first.similarity or 0.0)
+    keyword = keyword_relevance(query, collection.pk, first.keyword_score or 0.0) if mode != "semantic" else 0.0
+    weight = response.semantic_weight
+    assert first.score == pytest.approx(weight * semantic + (1 - weight) * keyword, abs=2e-6)
+    assert (first.fused_score is None) == (mode != "hybrid")
+
+
+def test_a_chunk_holding_every_query_word_scores_high_in_keyword_mode_and_missing_words_count_against_it(corpus):
+    whole = search(query="flutter speed", collections=["aero"], mode="keyword").results[0]
+    assert whole.source_uri == "note://flutter" and whole.score > 0.9
+    # "zeppelin" is in no chunk: the same chunk now holds half of what was asked.
+    half = search(query="flutter speed zeppelin", collections=["aero"], mode="keyword").results[0]
+    assert half.source_uri == "note://flutter" and 0.2 < half.score < 0.7
+    assert half.keyword_score == pytest.approx(whole.keyword_score, rel=1e-6)
+
+
+def test_a_hybrid_result_found_by_meaning_alone_still_gets_its_keyword_part(corpus):
+    results = search(query="baking bread temperature", collections=["aero"], top_k=6).results
+    by_uri = {result.source_uri: result for result in results}
+    assert by_uri["note://cooking"].keyword_score is not None and by_uri["note://cooking"].score > 0.3
 
 
 def test_the_semantic_weight_moves_hybrid_between_its_halves(corpus):
@@ -236,10 +283,14 @@ def test_min_score_and_min_similarity_drop_weak_results(corpus):
     assert 0 < len(strong.results) < len(everything.results)
     assert all(result.similarity >= 0.3 for result in strong.results)
     cut = everything.results[1].score
-    assert all(
-        result.score >= cut
-        for result in search(query="shock wave pressure", collections=["aero"], min_score=cut).results
-    )
+    above = search(query="shock wave pressure", collections=["aero"], min_score=cut).results
+    assert [result.chunk_id for result in above] == [
+        result.chunk_id for result in everything.results if result.score >= cut
+    ]
+    assert len(above) >= 2
+    with pytest.raises(KBError) as error:
+        search(query="shock wave pressure", min_score=1.5)
+    assert error.value.code == ErrorCode.INVALID_ARGUMENT
 
 
 def test_repeated_queries_are_not_embedded_again(corpus):

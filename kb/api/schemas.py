@@ -417,7 +417,7 @@ class SearchIn(InputSchema):
     semantic_weight: float | None = Field(
         None, ge=0.0, le=1.0, description="Hybrid fusion weight (1.0 semantic only); default: the collection's"
     )
-    min_score: float | None = Field(None, ge=-1e9, le=1e9, description="Drop results with a lower fused score")
+    min_score: float | None = Field(None, ge=0.0, le=1.0, description="Drop results whose score (0 to 1) is lower")
     min_similarity: float | None = Field(None, ge=-1.0, le=1.0, description="Drop results less similar (cosine)")
     document_ids: list[str] | None = Field(None, max_length=10_000, description="Only these documents")
     content_types: list[ContentType] | None = Field(None, description="Only documents of these content types")
@@ -431,7 +431,8 @@ class SearchIn(InputSchema):
 
 class SearchResultOut(Schema):
     rank: int
-    score: float
+    score: float = Field(description="Relevance from 0 to 1, on one scale in every mode (README, Search)")
+    fused_score: float | None = Field(description="The weighted RRF value results are ranked by (hybrid only)")
     similarity: float | None
     vector_rank: int | None
     keyword_rank: int | None

@@ -25,8 +25,6 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="collection",
             name="name",
-            field=models.CharField(
-                max_length=100, unique=True, validators=[kb.models.validate_collection_name_field]
-            ),
+            field=models.CharField(max_length=100, unique=True, validators=[kb.models.validate_collection_name_field]),
         ),
     ]

@@ -85,7 +85,7 @@ def rag_search(
         float | None,
         Field(ge=0.0, le=1.0, description="Hybrid mode: weight of semantic vs keyword ranks (default per collection)"),
     ] = None,
-    min_score: Annotated[float | None, Field(description="Drop results whose score is below this")] = None,
+    min_score: Annotated[float | None, Field(description="Drop results whose score (0 to 1) is below this")] = None,
     metadata_filter: Annotated[
         dict[str, Any] | None,
         Field(

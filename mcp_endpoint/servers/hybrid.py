@@ -45,7 +45,7 @@ def search_documents(
         HybridHit(
             file_name=file_name(result.source_uri),
             content=result.content,
-            rrf_score=result.score,
+            rrf_score=result.fused_score or 0.0,
             vector_rank=result.vector_rank,
             text_rank=result.keyword_rank,
         )
