@@ -156,6 +156,13 @@ def test_hybrid_search_finds_by_meaning_and_filters_by_metadata():
     best = hybrid["results"][0]
     assert (best["source"], best["vector_rank"], best["keyword_rank"]) == (aero, 1, 1)
     assert hybrid["semantic_weight"] == 0.5
+    # One score scale in every mode, the raw values beside it.
+    assert 0.0 < best["fused_score"] < 0.04 and best["keyword_score"] > 0.0 and 0.0 < best["similarity"] < 1.0
+    for mode in ("hybrid", "semantic", "keyword"):
+        found = call_ok(SERVER, "rag_search", {"query": "air flows over wings", "mode": mode})["results"]
+        scores = [hit["score"] for hit in found]
+        assert found and scores == sorted(scores, reverse=True) and 0.3 < scores[0] <= 1.0, (mode, scores)
+        assert (found[0]["fused_score"] is None) == (mode != "hybrid"), mode
 
     recent = call_ok(SERVER, "rag_search", {"query": "dough or wings", "metadata_filter": {"year": {"$gte": 2020}}})
     assert {hit["source"] for hit in recent["results"]} == {aero}

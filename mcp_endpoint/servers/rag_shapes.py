@@ -39,7 +39,9 @@ class HitMetadata(TypedDict):
 class SearchHit(TypedDict):
     rank: int
     score: float
+    fused_score: float | None
     similarity: float | None
+    keyword_score: float | None
     vector_rank: int | None
     keyword_rank: int | None
     source: str
@@ -64,7 +66,9 @@ def search_hit(result: SearchResult) -> SearchHit:
     return SearchHit(
         rank=result.rank,
         score=result.score,
+        fused_score=result.fused_score,
         similarity=result.similarity,
+        keyword_score=result.keyword_score,
         vector_rank=result.vector_rank,
         keyword_rank=result.keyword_rank,
         source=result.document_id,
