@@ -13,6 +13,7 @@ from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import ApiToken, Collection, EmbeddingProvider
 from kb.search import MODES
 from kb.services.collections import validate_chunk_settings, validate_collection_name, validate_semantic_weight
+from kb.services.embedding_models import embedding_model_choose, model_name_for
 
 CONTENT_TYPE_CHOICES = [("", "Detect automatically")] + [(kind, kind) for kind in CONTENT_TYPES]
 
@@ -39,7 +40,11 @@ class JSONObjectField(forms.CharField):
 
 
 class CollectionForm(forms.ModelForm):
-    embedding_provider = forms.ChoiceField(choices=EmbeddingProvider.choices)
+    # kb/collection_form.js puts the chosen provider's default model in the model field.
+    embedding_provider = forms.ChoiceField(
+        choices=EmbeddingProvider.choices,
+        widget=forms.Select(attrs={"data-default-models": json.dumps(settings.EMBEDDING_DEFAULT_MODELS)}),
+    )
     embedding_model_name = forms.CharField(
         label="Embedding model",
         max_length=200,
@@ -51,6 +56,9 @@ class CollectionForm(forms.ModelForm):
     search_top_k = forms.IntegerField(
         label="Search top k", initial=10, validators=[MinValueValidator(1), MaxValueValidator(100)]
     )
+
+    class Media:
+        js = ["kb/collection_form.js"]
 
     class Meta:
         model = Collection
@@ -95,7 +103,25 @@ class CollectionForm(forms.ModelForm):
             validate_semantic_weight(data.get("semantic_weight"))
         except KBError as error:
             raise forms.ValidationError(error.message) from None
+        self._check_model(data)
         return data
+
+    def _check_model(self, data: dict[str, Any]) -> None:
+        """A new or changed model must be one its provider can embed with (asked now, not after saving)."""
+        provider = data.get("embedding_provider")
+        if not provider:
+            return
+        collection = self.instance
+        shown = (collection.next_embedding_model or collection.embedding_model) if collection.pk else None
+        if shown and (shown.provider, shown.name) == (
+            provider,
+            model_name_for(provider, data.get("embedding_model_name")),
+        ):
+            return
+        try:
+            embedding_model_choose(provider=provider, name=data.get("embedding_model_name"))
+        except KBError as error:
+            self.add_error("embedding_model_name", f"{error.message} ({error.code})")
 
 
 # --- documents ------------------------------------------------------------------------------

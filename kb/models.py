@@ -77,6 +77,10 @@ class Collection(models.Model):
     next_embedding_model = models.ForeignKey(
         EmbeddingModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
+    # Why re-embedding with next_embedding_model cannot go on ("" while it can), and since when it
+    # has stopped for good (None while it runs or retries): a curator retries or cancels it.
+    reembed_error = models.TextField(blank=True, default="")
+    reembed_stopped_at = models.DateTimeField(null=True, blank=True)
     chunk_max_tokens = models.PositiveIntegerField(default=512)
     chunk_min_tokens = models.PositiveIntegerField(default=50)
     chunk_overlap_tokens = models.PositiveIntegerField(default=0)

@@ -30,6 +30,42 @@ def collection_get(*, name: str) -> Collection:
         raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {name}") from None
 
 
+@dataclass(frozen=True)
+class Reembedding:
+    """A model switch under way: how far it is, and why it cannot go on if it cannot."""
+
+    model: str
+    done: int
+    total: int
+    state: str  # "running", "retrying" (an error, will try again) or "stopped" (retry or cancel)
+    error: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @property
+    def summary(self) -> str:
+        text = f"re-embedding with {self.model}: {self.done} of {self.total} chunks"
+        if self.state == "stopped":
+            return f"{text}; stopped: {self.error} (retry or cancel it: admin, REST API or kb_reembed)"
+        if self.state == "retrying":
+            return f"{text}; retrying after: {self.error}"
+        return text
+
+
+def collection_reembedding(*, collection: Collection) -> Reembedding | None:
+    if not collection.next_embedding_model_id:
+        return None
+    total = Chunk.objects.filter(collection=collection).count()
+    done = Embedding.objects.filter(collection=collection, model_id=collection.next_embedding_model_id).count()
+    state = "retrying" if collection.reembed_error else "running"
+    if collection.reembed_stopped_at:
+        state = "stopped"
+    return Reembedding(
+        model=str(collection.next_embedding_model), done=done, total=total, state=state, error=collection.reembed_error
+    )
+
+
 def collection_get_by_uuid(*, collection_uuid: str) -> Collection:
     try:
         parsed = uuid.UUID(str(collection_uuid))

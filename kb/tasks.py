@@ -56,18 +56,37 @@ def embed_document(document_id: str) -> str:
 
 
 @shared_task(
-    acks_late=True, autoretry_for=(RetryableEmbeddingError,), retry_backoff=2, retry_jitter=True, max_retries=None
+    acks_late=True,
+    autoretry_for=(RetryableEmbeddingError,),
+    retry_backoff=2,
+    retry_backoff_max=300,
+    retry_jitter=True,
+    max_retries=settings.EMBEDDING_MAX_RETRIES,
 )
 def reembed_collection(collection_id: int) -> str:
-    """Embed a collection with its next model, one batch per loop, then switch it over."""
+    """Embed a collection with its next model, one batch per loop, then switch it over.
+
+    Whatever stops it is recorded on the collection (admin, API, MCP and ``kb_reembed`` show
+    it): a provider error that may pass is retried with backoff, the rest stop it until a
+    curator retries or cancels."""
     try:
         while not embedding.collection_reembed_step(collection_id=collection_id):
             pass
-    except EmbeddingError as error:
-        if not error.retryable:
-            logger.error("re-embedding collection %s stopped: %s", collection_id, error.message)
-            return "failed"
-        raise RetryableEmbeddingError(error.message) from None
+    except (EmbeddingError, DatabaseError) as error:
+        message = error.message if isinstance(error, EmbeddingError) else f"database error: {error}"
+        retryable = not isinstance(error, EmbeddingError) or error.retryable
+        stopped = not retryable or reembed_collection.request.retries >= reembed_collection.max_retries
+        embedding.collection_reembed_failed(collection_id=collection_id, reason=message, stopped=stopped)
+        if stopped:
+            logger.error("re-embedding collection %s stopped: %s", collection_id, message)
+            return "stopped"
+        raise RetryableEmbeddingError(message) from None
+    except Exception as error:
+        logger.exception("re-embedding collection %s failed unexpectedly", collection_id)
+        embedding.collection_reembed_failed(
+            collection_id=collection_id, reason=f"internal error: {error!r}", stopped=True
+        )
+        return "stopped"
     return "done"
 
 

@@ -22,6 +22,8 @@ import pytest
 from django.db import connection
 from django.test import override_settings
 
+from tests.support.fake_providers import fake_ollama, fake_openai
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -50,6 +52,15 @@ def answer_writes_at_once() -> Iterator[None]:
     """Most tests run no worker: MCP writes answer at once instead of waiting to be searchable
     (KB_WRITE_WAIT_SECONDS). Tests of searchable-on-return set the wait and run a real worker."""
     with override_settings(KB_WRITE_WAIT_SECONDS=0):
+        yield
+
+
+@pytest.fixture
+def remote_providers(settings: Any) -> Iterator[None]:
+    """Ollama and an OpenAI-compatible server (HTTP fakes on loopback) that this process reaches:
+    a collection may only be given a remote model that answers (embedding_model_choose)."""
+    with fake_ollama() as ollama_base, fake_openai() as openai_base:
+        settings.OLLAMA_HOST, settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY = ollama_base, openai_base, "sk-x"
         yield
 
 

@@ -4,6 +4,7 @@ import pytest
 from django.urls import reverse
 
 from kb.models import Chunk, Collection, Document, Embedding
+from kb.services.embedding import collection_reembed_failed, collection_switch_model
 from tests.support.admin_data import (
     add_text,
     fail,
@@ -13,6 +14,7 @@ from tests.support.admin_data import (
     many_documents,
     staff_client,
 )
+from tests.support.fake_providers import fake_ollama
 
 pytestmark = pytest.mark.django_db
 
@@ -110,7 +112,9 @@ def test_it_edits_settings_and_keeps_the_name(admin_client):
     assert collection.semantic_weight is None
 
 
-def test_changing_the_model_starts_a_background_re_embedding(admin_client, django_capture_on_commit_callbacks):
+def test_changing_the_model_starts_a_background_re_embedding(
+    admin_client, django_capture_on_commit_callbacks, remote_providers
+):
     collection = make_collection("handbook")
     with django_capture_on_commit_callbacks() as callbacks:
         response = admin_client.post(
@@ -119,7 +123,7 @@ def test_changing_the_model_starts_a_background_re_embedding(admin_client, djang
             follow=True,
         )
     collection.refresh_from_db()
-    assert str(collection.next_embedding_model) == "ollama:nomic-embed-text, 768d"
+    assert str(collection.next_embedding_model) == "ollama:nomic-embed-text, 16d"  # the fake's vectors
     assert str(collection.embedding_model).startswith("local:all-MiniLM-L6-v2")
     assert len(callbacks) == 1  # the re-embedding task, sent on commit
     assert "Re-embedding handbook with ollama:nomic-embed-text" in response.content.decode()
@@ -129,6 +133,46 @@ def test_changing_the_model_starts_a_background_re_embedding(admin_client, djang
     admin_client.post(change_url(collection), form_data())
     collection.refresh_from_db()
     assert collection.next_embedding_model is None
+
+
+def test_a_model_the_provider_cannot_use_is_a_form_error_and_nothing_changes(admin_client, settings):
+    collection = make_collection("handbook")
+    with fake_ollama(models=("nomic-embed-text",)) as base:
+        settings.OLLAMA_HOST = base
+        response = admin_client.post(
+            change_url(collection), form_data(embedding_provider="ollama", embedding_model_name="nope")
+        )
+        assert response.status_code == 200  # the form again, with the error on the model field
+        assert "ollama pull nope" in str(response.context["adminform"].form.errors["embedding_model_name"])
+        added = admin_client.post(
+            reverse("admin:kb_collection_add"),
+            form_data(name="fresh", embedding_provider="ollama", embedding_model_name="nope"),
+        )
+        assert "INVALID_ARGUMENT" in str(added.context["adminform"].form.errors["embedding_model_name"])
+    collection.refresh_from_db()
+    assert collection.next_embedding_model is None and not Collection.objects.filter(name="fresh").exists()
+
+
+def test_a_stopped_re_embedding_says_why_and_offers_retry_and_cancel(
+    admin_client, remote_providers, django_capture_on_commit_callbacks
+):
+    collection = make_collection("handbook")
+    add_text(collection, "note://a")
+    collection = collection_switch_model(collection=collection, provider="ollama", model_name="fake-embed")
+    collection_reembed_failed(collection_id=collection.pk, reason="Ollama refused the request: gone", stopped=True)
+    page = admin_client.get(change_url(collection)).content.decode()
+    assert "re-embedding with ollama:fake-embed, 16d stopped</strong> at 0 of 1 chunks: Ollama refused" in page
+    assert "Retry re-embedding" in page and "Cancel re-embedding" in page
+    with django_capture_on_commit_callbacks() as callbacks:
+        admin_client.post(reverse("admin:kb_collection_reembed", args=[collection.pk, "retry"]))
+    collection.refresh_from_db()
+    assert (collection.reembed_stopped_at, collection.reembed_error, len(callbacks)) == (None, "", 1)
+    response = admin_client.post(reverse("admin:kb_collection_reembed", args=[collection.pk, "cancel"]), follow=True)
+    assert "Re-embedding cancelled: handbook stays on local:all-MiniLM-L6-v2" in response.content.decode()
+    collection.refresh_from_db()
+    assert collection.next_embedding_model is None
+    assert admin_client.post(reverse("admin:kb_collection_reembed", args=[collection.pk, "explode"])).status_code == 403
+    assert admin_client.get(reverse("admin:kb_collection_reembed", args=[collection.pk, "retry"])).status_code == 405
 
 
 def test_the_delete_page_says_what_the_database_will_remove(admin_client):

@@ -5,7 +5,9 @@ import pytest
 from kb.models import Collection, Document
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
+from tests.conftest import free_port
 from tests.support.api_helpers import delete, error_of, get, patch, post
+from tests.support.fake_providers import fake_ollama
 
 pytestmark = pytest.mark.django_db
 
@@ -90,12 +92,37 @@ def test_it_updates_chunking_and_search_settings(client):
     assert cleared["settings"]["search"]["semantic_weight"] is None
 
 
-def test_changing_the_embedding_model_starts_a_background_switch(client):
+def test_changing_the_embedding_model_starts_a_background_switch(client, remote_providers):
     collection_create(name="docs")
     body = patch(client, "/api/collections/docs", {"embedding_provider": "ollama"}).json()
     assert body["embedding_model"]["name"] == "all-MiniLM-L6-v2"  # search keeps the old model meanwhile
     assert body["next_embedding_model"]["provider"] == "ollama"
     assert body["next_embedding_model"]["name"] == "nomic-embed-text"
+    assert body["reembedding"] == {
+        "model": "ollama:nomic-embed-text, 16d",
+        "done": 0,
+        "total": 0,
+        "state": "running",
+        "error": "",
+    }
+
+
+def test_a_model_the_provider_cannot_use_is_refused_before_anything_changes(client, settings):
+    collection_create(name="docs")
+    with fake_ollama(models=("nomic-embed-text",)) as base:
+        settings.OLLAMA_HOST = base
+        refused = patch(client, "/api/collections/docs", {"embedding_provider": "ollama", "embedding_model": "nope"})
+        assert error_of(refused) == (400, "INVALID_ARGUMENT")
+        assert "ollama pull nope" in refused.json()["error"]["message"]
+        made = post(client, "/api/collections", {"name": "new", "embedding_provider": "ollama", "embedding_model": "x"})
+        assert error_of(made) == (400, "INVALID_ARGUMENT")
+    settings.OLLAMA_HOST = f"http://127.0.0.1:{free_port()}"
+    unreachable = patch(client, "/api/collections/docs", {"embedding_provider": "ollama"})
+    assert error_of(unreachable)[1] == "EMBEDDING_ERROR" and "unreachable" in unreachable.json()["error"]["message"]
+    local = patch(client, "/api/collections/docs", {"embedding_model": "no-such-local-model"})
+    assert error_of(local) == (400, "INVALID_ARGUMENT")
+    assert Collection.objects.get(name="docs").next_embedding_model is None
+    assert not Collection.objects.filter(name="new").exists()
 
 
 def test_a_refused_update_changes_nothing(client):
@@ -103,7 +130,7 @@ def test_a_refused_update_changes_nothing(client):
     response = patch(client, "/api/collections/docs", {"description": "New", "chunk_min_tokens": 600})
     assert error_of(response) == (400, "INVALID_ARGUMENT")
     # The settings are saved, then the model is refused: both or neither.
-    response = patch(client, "/api/collections/docs", {"description": "New", "embedding_model": "   "})
+    response = patch(client, "/api/collections/docs", {"description": "New", "embedding_model": "no-such-model"})
     assert error_of(response) == (400, "INVALID_ARGUMENT")
     collection = Collection.objects.get(name="docs")
     assert collection.description == ""

@@ -6,8 +6,8 @@ import pytest
 
 from config.celery import app
 from kb.health import broker_check, readiness
-from kb.services.collections import collection_create
 from tests.conftest import free_port
+from tests.support.fake_providers import remote_collection
 from tests.support.http_server import serve
 
 pytestmark = pytest.mark.django_db
@@ -35,7 +35,7 @@ def test_it_needs_no_token_even_when_tokens_are_required(client, settings):
 
 
 def test_an_ollama_model_in_use_is_checked_on_the_ollama_server(client, settings):
-    collection_create(name="remote", embedding_provider="ollama")
+    remote_collection(settings, name="remote")
     with serve({"/api/tags": ollama_tags("nomic-embed-text:latest")}) as base:
         settings.OLLAMA_HOST = base
         body = client.get("/api/health").json()
@@ -44,7 +44,7 @@ def test_an_ollama_model_in_use_is_checked_on_the_ollama_server(client, settings
 
 
 def test_a_model_ollama_has_not_pulled_is_named(client, settings):
-    collection_create(name="remote", embedding_provider="ollama")
+    remote_collection(settings, name="remote")
     with serve({"/api/tags": ollama_tags("llama3:latest")}) as base:
         settings.OLLAMA_HOST = base
         response = client.get("/api/health")
@@ -58,7 +58,7 @@ def test_a_model_ollama_has_not_pulled_is_named(client, settings):
 def test_an_unreachable_provider_degrades_the_service_without_failing_it(client, settings):
     """Search, ingestion and the other collections still work: a load balancer must keep it."""
     settings.OLLAMA_HOST = f"http://127.0.0.1:{free_port()}"
-    collection_create(name="remote", embedding_provider="ollama")
+    remote_collection(settings, name="remote")
     response = client.get("/api/health")
     assert response.status_code == 200
     body = response.json()
@@ -68,7 +68,7 @@ def test_an_unreachable_provider_degrades_the_service_without_failing_it(client,
 
 
 def test_an_openai_compatible_server_is_checked_by_listing_its_models(client, settings):
-    collection_create(name="remote", embedding_provider="openai")
+    remote_collection(settings, name="remote", provider="openai")
     models = json.dumps({"object": "list", "data": []}).encode()
     with serve({"/v1/models": lambda handler, body: (200, {"content-type": "application/json"}, models)}) as base:
         settings.OPENAI_BASE_URL = f"{base}/v1"

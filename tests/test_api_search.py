@@ -7,6 +7,7 @@ from kb.services.documents import document_create_from_text
 from tests.conftest import free_port
 from tests.support.api_helpers import embed_now, error_of, get, patch, post
 from tests.support.documents import MARKDOWN, PYTHON
+from tests.support.fake_providers import remote_collection
 
 pytestmark = pytest.mark.django_db
 
@@ -116,7 +117,7 @@ def test_searching_an_unknown_collection_is_404(client):
 
 def test_semantic_search_with_an_unreachable_provider_is_500_embedding_error(client, settings):
     settings.OLLAMA_HOST = f"http://127.0.0.1:{free_port()}"
-    remote = collection_create(name="remote", embedding_provider="ollama")
+    remote = remote_collection(settings, name="remote")
     document_create_from_text(collection=remote, source_uri="note://a", text="Wind tunnel results.")
     response = search(client, query="wind tunnel", collections=["remote"], mode="semantic")
     assert error_of(response) == (500, "EMBEDDING_ERROR")

@@ -57,7 +57,7 @@ def test_it_updates_settings(db):
     assert (collection.chunk_max_tokens, collection.semantic_weight, collection.description) == (256, 0.7, "new")
 
 
-def test_a_provider_switch_that_keeps_another_providers_default_takes_its_own(db):
+def test_a_provider_switch_that_keeps_another_providers_default_takes_its_own(db, remote_providers):
     created = collection_create(name="switched", embedding_provider="ollama", embedding_model="all-MiniLM-L6-v2")
     assert (created.embedding_model.provider, created.embedding_model.name) == ("ollama", "nomic-embed-text")
     unnamed = collection_create(name="unnamed", embedding_provider="openai")

@@ -9,6 +9,7 @@ from django.core.management import CommandError, call_command, load_command_clas
 from kb.models import ApiToken, Collection, Document
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
+from kb.services.embedding import collection_reembed_failed, collection_switch_model
 from kb.services.tokens import token_authenticate
 from tests.support.api_helpers import embed_now
 from tests.support.documents import MARKDOWN, PYTHON
@@ -98,14 +99,30 @@ def test_kb_stats_prints_counts_or_json(library):
         run("kb_stats", "--collection", "nope")
 
 
-def test_kb_reembed_switches_the_model_in_the_background(library):
+def test_kb_reembed_switches_the_model_in_the_background(library, remote_providers):
     out = run("kb_reembed", "--collection", "docs", "--provider", "ollama", "--model", "nomic-embed-text")
-    assert "Re-embedding collection docs with ollama:nomic-embed-text" in out
+    assert "Collection docs: re-embedding with ollama:nomic-embed-text, 16d: 0 of " in out
     assert Collection.objects.get(name="docs").next_embedding_model.name == "nomic-embed-text"
     back = run("kb_reembed", "--collection", "docs", "--model", "all-MiniLM-L6-v2")
-    assert "already uses" in back
+    assert "uses local:all-MiniLM-L6-v2, 384d: nothing to re-embed" in back
     with pytest.raises(CommandError, match="INVALID_ARGUMENT"):
-        run("kb_reembed", "--collection", "docs", "--model", "  ")
+        run("kb_reembed", "--collection", "docs", "--model", "no-such-model")
+
+
+def test_kb_reembed_reports_a_stopped_switch_and_retries_or_cancels_it(library, remote_providers):
+    docs = Collection.objects.get(name="docs")
+    collection_switch_model(collection=docs, provider="ollama", model_name="fake-embed")
+    collection_reembed_failed(collection_id=docs.pk, reason="Ollama refused the request: gone", stopped=True)
+    status = run("kb_reembed", "--collection", "docs", "--status")
+    assert "stopped: Ollama refused the request: gone (retry or cancel it" in status
+    with pytest.raises(CommandError, match="stopped: Ollama refused the request: gone"):
+        run("kb_reembed", "--collection", "docs", "--status", "--wait")
+    assert "re-embedding with ollama:fake-embed, 16d: 0 of" in run("kb_reembed", "--collection", "docs", "--retry")
+    assert Collection.objects.get(name="docs").reembed_stopped_at is None
+    cancelled = run("kb_reembed", "--collection", "docs", "--cancel")
+    assert cancelled.strip() == "Re-embedding cancelled: docs stays on local:all-MiniLM-L6-v2, 384d."
+    with pytest.raises(CommandError, match="INVALID_ARGUMENT.*not being re-embedded"):
+        run("kb_reembed", "--collection", "docs", "--retry")
 
 
 def test_kb_delete_deletes_documents_and_fails_on_unknown_ids(library):

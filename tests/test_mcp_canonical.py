@@ -16,6 +16,7 @@ from kb.services.collections import collection_create, collection_update
 from mcp_endpoint.servers import build_server, canonical
 from mcp_endpoint.servers.prompts import GROUNDED_QA
 from tests.conftest import free_port
+from tests.support.fake_providers import remote_collection
 from tests.support.mcp_client import (  # noqa: F401
     call,
     call_ok,
@@ -351,7 +352,7 @@ def test_a_token_limited_to_a_collection_sees_nothing_else():
 def _remote_embedding_collection(settings) -> None:
     settings.OLLAMA_HOST = f"http://127.0.0.1:{free_port()}"
     settings.EMBEDDING_TIMEOUT_SECONDS = 2
-    collection_create(name="remote", embedding_provider="ollama", embedding_model="nomic-embed-text")
+    remote_collection(settings, name="remote", model="nomic-embed-text")
     ingest("remote", AERO)
 
 

@@ -39,8 +39,8 @@ def test_it_indexes_models_of_different_dimensions_in_one_table(db):
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO kb_collection (name, description, uuid, embedding_model_id, chunk_max_tokens, "
-            "chunk_min_tokens, chunk_overlap_tokens, search_top_k, search_hybrid, created_at, updated_at) "
-            "VALUES ('c', '', gen_random_uuid(), %s, 512, 50, 0, 10, true, now(), now()) RETURNING id",
+            "chunk_min_tokens, chunk_overlap_tokens, search_top_k, search_hybrid, reembed_error, created_at, updated_at) "
+            "VALUES ('c', '', gen_random_uuid(), %s, 512, 50, 0, 10, true, '', now(), now()) RETURNING id",
             [small.pk],
         )
         collection_id = cursor.fetchone()[0]

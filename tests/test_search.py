@@ -11,7 +11,7 @@ from kb.search import search
 from kb.services.collections import collection_create, collection_update
 from kb.services.documents import document_create_from_text, document_delete
 from kb.services.embedding import document_claim, document_embed
-from tests.support.fake_providers import fake_ollama
+from tests.support.fake_providers import fake_ollama, remote_collection
 
 TOPICS = {
     "wings": "Swept wings delay compressibility drag at high subsonic speeds; sweep reduces the normal Mach number.",
@@ -320,9 +320,7 @@ def test_a_dead_embedding_backend_degrades_hybrid_to_keyword_with_a_warning(db, 
 
     settings.OLLAMA_HOST = f"http://127.0.0.1:{free_port()}"
     settings.EMBEDDING_TIMEOUT_SECONDS = 2
-    collection = collection_create(name="remote", embedding_provider="ollama", embedding_model="gone")
-    collection.embedding_model.dimensions = 16
-    collection.embedding_model.save()
+    collection = remote_collection(settings, name="remote", model="gone")
     document_create_from_text(collection=collection, source_uri="note://a", text="flutter of wings")
     response = search(query="flutter", collections=["remote"])
     assert names(response) == ["a"] and "Semantic search unavailable" in response.warnings[0]

@@ -2,23 +2,25 @@
 
 from typing import Any
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import actions as stock_actions
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils.html import format_html
+from django.views.decorators.http import require_POST
 
 from kb.admin.common import adopt
 from kb.admin_selectors import collections_removal
+from kb.errors import KBError
 from kb.forms import CollectionForm
-from kb.models import Collection, Embedding, EmbeddingModel
-from kb.selectors import collection_list
+from kb.models import Collection, EmbeddingModel
+from kb.selectors import collection_list, collection_reembedding
 from kb.services.collections import collection_create, collection_delete, collection_update
-from kb.services.embedding import collection_switch_model
-from kb.services.embedding_models import default_model_for
+from kb.services.embedding import collection_reembed_cancel, collection_reembed_retry, collection_switch_model
+from kb.services.embedding_models import model_name_for
 
 
 @admin.register(Collection)
@@ -44,6 +46,46 @@ class CollectionAdmin(admin.ModelAdmin):
         ("Search defaults", {"fields": ["search_top_k", "search_hybrid", "semantic_weight"]}),
         ("Contents", {"fields": ["contents", "created_at", "updated_at"]}),
     ]
+
+    def get_urls(self) -> list[Any]:
+        return [
+            path(
+                "<path:object_id>/reembed/<str:action>/",
+                self.admin_site.admin_view(require_POST(self.reembed_view)),
+                name="kb_collection_reembed",
+            ),
+            *super().get_urls(),
+        ]
+
+    def reembed_view(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
+        """The Retry / Cancel buttons of a collection being re-embedded."""
+        calls = {"retry": collection_reembed_retry, "cancel": collection_reembed_cancel}
+        if action not in calls or not self.has_change_permission(request):
+            raise PermissionDenied
+        collection = self.get_object(request, object_id)
+        if collection is None:
+            raise Http404
+        try:
+            collection = calls[action](collection=collection)
+        except KBError as error:
+            messages.error(request, error.message)
+        else:
+            if action == "retry":
+                messages.success(request, f"Re-embedding {collection.name} again.")
+            else:
+                stays = f"{collection.name} stays on {collection.embedding_model}"
+                messages.success(request, f"Re-embedding cancelled: {stays}.")
+        return HttpResponseRedirect(reverse("admin:kb_collection_change", args=[collection.pk]))
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict | None = None
+    ) -> HttpResponse:
+        collection = self.get_object(request, object_id)
+        context = {
+            **(extra_context or {}),
+            "kb_reembedding": collection_reembedding(collection=collection) if collection else None,
+        }
+        return super().change_view(request, object_id, form_url, context)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Collection]:
         # One query: document counts per status and chunk totals come annotated.
@@ -104,15 +146,27 @@ class CollectionAdmin(admin.ModelAdmin):
 
     @admin.display(description="Search uses")
     def model_status(self, obj: Collection) -> str:
-        if not obj.next_embedding_model_id:
+        reembedding = collection_reembedding(collection=obj)
+        if reembedding is None:
             return str(obj.embedding_model)
-        done = Embedding.objects.filter(collection=obj, model_id=obj.next_embedding_model_id).count()
+        if reembedding.state == "stopped":
+            return format_html(
+                '{} — <strong class="kb-count-failed">re-embedding with {} stopped</strong> at {} of {} chunks: {}. '
+                "Retry it, or cancel it to stay on the current model (buttons above).",
+                obj.embedding_model,
+                reembedding.model,
+                reembedding.done,
+                reembedding.total,
+                reembedding.error,
+            )
+        retrying = format_html(" Retrying after: {}.", reembedding.error) if reembedding.error else ""
         return format_html(
-            "{} — re-embedding with {}: {} of {} chunks done; search switches when all are.",
+            "{} — re-embedding with {}: {} of {} chunks done; search switches when all are.{}",
             obj.embedding_model,
-            obj.next_embedding_model,
-            done,
-            obj.chunk_total,
+            reembedding.model,
+            reembedding.done,
+            reembedding.total,
+            retrying,
         )
 
     @admin.display(description="Contents")
@@ -167,8 +221,7 @@ class CollectionAdmin(admin.ModelAdmin):
 
     def _switch_model_if_asked(self, request: HttpRequest, collection: Collection, data: dict[str, Any]) -> None:
         provider = data["embedding_provider"]
-        named = data["embedding_model_name"].strip() or settings.EMBEDDING_DEFAULT_MODELS[provider]
-        wanted = (provider, default_model_for(provider, named))
+        wanted = (provider, model_name_for(provider, data["embedding_model_name"]))
         shown = collection.next_embedding_model or collection.embedding_model
         if wanted == (shown.provider, shown.name):
             return

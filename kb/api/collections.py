@@ -1,6 +1,7 @@
 """Collections: list, create, get (with totals and settings), update settings, delete."""
 
-from django.conf import settings
+from typing import Literal
+
 from django.db import transaction
 from django.http import HttpRequest
 from ninja import Query, Router, Status
@@ -20,7 +21,7 @@ from kb.errors import ErrorCode, KBError
 from kb.models import TokenScope
 from kb.selectors import collection_get_with_totals, collection_list
 from kb.services.collections import collection_create, collection_delete, collection_update
-from kb.services.embedding import collection_switch_model
+from kb.services.embedding import collection_reembed_cancel, collection_reembed_retry, collection_switch_model
 
 router = Router(tags=["collections"])
 NOT_FOUND = ErrorCode.COLLECTION_NOT_FOUND
@@ -70,9 +71,25 @@ def update_collection(request: HttpRequest, name: CollectionName, payload: Colle
     with transaction.atomic():
         collection = collection_update(collection=collection, **changes)
         if payload.embedding_provider or payload.embedding_model:
-            provider = payload.embedding_provider or collection.embedding_model.provider
-            model_name = payload.embedding_model or settings.EMBEDDING_DEFAULT_MODELS[provider]
-            collection_switch_model(collection=collection, provider=provider, model_name=model_name)
+            collection_switch_model(
+                collection=collection, provider=payload.embedding_provider, model_name=payload.embedding_model
+            )
+    return CollectionOut.of(collection_get_with_totals(name=name))
+
+
+@router.post(
+    "/{name}/reembed/{action}",
+    response=with_errors({200: CollectionOut}, NOT_FOUND),
+    summary="Retry a stopped re-embedding now, or cancel it (the collection stays on its model)",
+)
+def reembed_collection(request: HttpRequest, name: CollectionName, action: Literal["retry", "cancel"]) -> CollectionOut:
+    access = access_of(request)
+    access.require(TokenScope.ADMIN)
+    collection = access.collection(name)
+    if action == "retry":
+        collection_reembed_retry(collection=collection)
+    else:
+        collection_reembed_cancel(collection=collection)
     return CollectionOut.of(collection_get_with_totals(name=name))
 
 

@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, Json, field_validator
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import COLLECTION_NAME_MAX_LENGTH, COLLECTION_NAME_PATTERN, Chunk, Collection, Document
 from kb.search import SearchResponse
-from kb.selectors import MAX_OFFSET, Stats
+from kb.selectors import MAX_OFFSET, Stats, collection_reembedding
 from kb.services.documents import StoredDocument
 from kb.services.ingest import IngestItem
 
@@ -121,6 +121,16 @@ class CollectionListOut(Schema):
         return cls(collections=[CollectionSummaryOut.of(c) for c in collections], total=len(collections))
 
 
+class ReembeddingOut(Schema):
+    model: str = Field(description="The model the collection is being re-embedded with")
+    done: int = Field(description="Chunks that have a vector of it")
+    total: int
+    state: Literal["running", "retrying", "stopped"] = Field(
+        description="stopped: it will not go on by itself; POST .../reembed/retry or .../reembed/cancel"
+    )
+    error: str = Field(description="Why it is retrying or has stopped")
+
+
 class CollectionOut(Schema):
     """A collection with its settings and totals (annotated by ``collection_get_with_totals``)."""
 
@@ -131,6 +141,7 @@ class CollectionOut(Schema):
     next_embedding_model: EmbeddingModelOut | None = Field(
         description="Set while the collection is re-embedded with another model; search switches when it is done"
     )
+    reembedding: ReembeddingOut | None = Field(description="Progress of a model switch, and why it stopped if it did")
     settings: CollectionSettings
     documents: DocumentTotals
     chunks: int
@@ -140,7 +151,9 @@ class CollectionOut(Schema):
     @classmethod
     def of(cls, collection: Collection) -> "CollectionOut":
         following = collection.next_embedding_model
+        reembedding = collection_reembedding(collection=collection)
         return cls(
+            reembedding=ReembeddingOut(**reembedding.as_dict()) if reembedding else None,
             name=collection.name,
             description=collection.description,
             uuid=str(collection.uuid),

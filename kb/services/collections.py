@@ -4,7 +4,7 @@ from django.db import IntegrityError, transaction
 
 from kb.errors import ErrorCode, KBError
 from kb.models import COLLECTION_NAME_MAX_LENGTH, Chunk, Collection, Document, is_collection_name
-from kb.services.embedding_models import embedding_model_default, embedding_model_get_or_create
+from kb.services.embedding_models import embedding_model_choose, embedding_model_default
 from kb.storable import check_storable
 
 
@@ -63,9 +63,7 @@ def collection_create(
     if embedding_provider or embedding_model:
         from django.conf import settings
 
-        provider = embedding_provider or settings.EMBEDDING_PROVIDER
-        model_name = embedding_model or settings.EMBEDDING_DEFAULT_MODELS.get(provider, "")
-        model = embedding_model_get_or_create(provider=provider, name=model_name)
+        model = embedding_model_choose(provider=embedding_provider or settings.EMBEDDING_PROVIDER, name=embedding_model)
     else:
         model = embedding_model_default()
     try:

@@ -21,7 +21,7 @@ from kb.embeddings import EmbeddingError, embed_texts
 from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding, EmbeddingModel
 from kb.services.documents import document_lock, pending_requeue_deadline
-from kb.services.embedding_models import embedding_model_get_or_create, embedding_model_record_dimensions
+from kb.services.embedding_models import embedding_model_choose, embedding_model_record_dimensions
 
 logger = logging.getLogger(__name__)
 
@@ -55,27 +55,37 @@ def document_embed(*, doc_id: str) -> str:
     except Document.DoesNotExist:
         return "deleted"
     collection = document.collection
-    models = [collection.embedding_model] + (
-        [collection.next_embedding_model] if collection.next_embedding_model else []
-    )
-    for model in models:
-        while True:
-            batch = list(
-                Chunk.objects.filter(document_id=doc_id)
-                .exclude(Exists(Embedding.objects.filter(chunk=OuterRef("pk"), model=model)))
-                .order_by("index")
-                .values_list("id", "content")[: settings.EMBEDDING_BATCH_SIZE]
-            )
-            if not batch:
-                break
-            try:
-                vectors = embed_texts(model.provider, model.name, [content for _, content in batch])
-            except EmbeddingError as error:
-                document_release(doc_id=doc_id, error=error)
-                raise
-            if not _store_vectors(document, model, [chunk_id for chunk_id, _ in batch], vectors):
+    try:
+        if not _embed_with(document, collection.embedding_model):
+            return "deleted"
+    except EmbeddingError as error:
+        document_release(doc_id=doc_id, error=error)
+        raise
+    if collection.next_embedding_model:
+        # Best effort: a failing next model must not fail documents that search can already use;
+        # the collection's re-embed task fills what is missing and records why it cannot.
+        try:
+            if not _embed_with(document, collection.next_embedding_model):
                 return "deleted"
+        except EmbeddingError as error:
+            logger.warning("document %s: no vectors of %s yet: %s", doc_id, collection.next_embedding_model, error)
     return _finish(doc_id, collection)
+
+
+def _embed_with(document: Document, model: EmbeddingModel) -> bool:
+    """Give every chunk of the document a vector of ``model``; False when it was deleted meanwhile."""
+    while True:
+        batch = list(
+            Chunk.objects.filter(document_id=document.pk)
+            .exclude(Exists(Embedding.objects.filter(chunk=OuterRef("pk"), model=model)))
+            .order_by("index")
+            .values_list("id", "content")[: settings.EMBEDDING_BATCH_SIZE]
+        )
+        if not batch:
+            return True
+        vectors = embed_texts(model.provider, model.name, [content for _, content in batch])
+        if not _store_vectors(document, model, [chunk_id for chunk_id, _ in batch], vectors):
+            return False
 
 
 def _store_vectors(document: Document, model: EmbeddingModel, chunk_ids: list[int], vectors: list[list[float]]) -> bool:
@@ -190,21 +200,68 @@ def document_reembed(*, doc_id: str) -> Document:
         return document_mark_pending(doc_id=doc_id)
 
 
-def collection_switch_model(*, collection: Collection, provider: str, model_name: str) -> Collection:
-    """Start re-embedding a collection with another model; search switches when it is complete."""
-    model = embedding_model_get_or_create(provider=provider, name=model_name)
+REEMBED_STATE_FIELDS = ["next_embedding_model", "reembed_error", "reembed_stopped_at", "updated_at"]
+
+
+def collection_switch_model(*, collection: Collection, provider: str | None, model_name: str | None) -> Collection:
+    """Start re-embedding a collection with another model; search switches when it is complete.
+
+    Left out, the provider is the collection's and the model that provider's default. The model
+    must be one the provider can embed with (``embedding_model_choose``); its current model
+    cancels a switch under way."""
+    current = Collection.objects.select_related("embedding_model").get(pk=collection.pk)
+    model = embedding_model_choose(provider=provider or current.embedding_model.provider, name=model_name)
     with transaction.atomic():
         collection = Collection.objects.select_for_update().get(pk=collection.pk)
         if model.pk == collection.embedding_model_id:
-            collection.next_embedding_model = None
+            _drop_next_model(collection)
         else:
             collection.next_embedding_model = model
-        collection.save(update_fields=["next_embedding_model", "updated_at"])
-        if collection.next_embedding_model_id:
+            collection.reembed_error, collection.reembed_stopped_at = "", None
+            collection.save(update_fields=REEMBED_STATE_FIELDS)
             from kb.tasks import enqueue_collection_reembed
 
             enqueue_collection_reembed(collection.pk)
     return collection
+
+
+def collection_reembed_retry(*, collection: Collection) -> Collection:
+    """Start a stopped (or retrying) re-embed again now."""
+    with transaction.atomic():
+        collection = Collection.objects.select_for_update().get(pk=collection.pk)
+        if not collection.next_embedding_model_id:
+            raise KBError(ErrorCode.INVALID_ARGUMENT, f"Collection {collection.name} is not being re-embedded")
+        collection.reembed_error, collection.reembed_stopped_at = "", None
+        collection.save(update_fields=REEMBED_STATE_FIELDS)
+        from kb.tasks import enqueue_collection_reembed
+
+        enqueue_collection_reembed(collection.pk)
+    return collection
+
+
+def collection_reembed_cancel(*, collection: Collection) -> Collection:
+    """Give up a switch: the collection stays on its model, the next model's vectors go."""
+    with transaction.atomic():
+        collection = Collection.objects.select_for_update().get(pk=collection.pk)
+        if not collection.next_embedding_model_id:
+            raise KBError(ErrorCode.INVALID_ARGUMENT, f"Collection {collection.name} is not being re-embedded")
+        _drop_next_model(collection)
+    return collection
+
+
+def _drop_next_model(collection: Collection) -> None:
+    if collection.next_embedding_model_id:
+        Embedding.objects.filter(collection=collection, model_id=collection.next_embedding_model_id).delete()
+    collection.next_embedding_model = None
+    collection.reembed_error, collection.reembed_stopped_at = "", None
+    collection.save(update_fields=REEMBED_STATE_FIELDS)
+
+
+def collection_reembed_failed(*, collection_id: int, reason: str, stopped: bool) -> None:
+    """Record why re-embedding cannot go on; ``stopped``: it will not retry by itself."""
+    Collection.objects.filter(pk=collection_id, next_embedding_model__isnull=False).update(
+        reembed_error=reason, reembed_stopped_at=timezone.now() if stopped else None, updated_at=timezone.now()
+    )
 
 
 def collection_reembed_step(*, collection_id: int) -> bool:
@@ -228,6 +285,8 @@ def collection_reembed_step(*, collection_id: int) -> bool:
     if batch:
         vectors = embed_texts(model.provider, model.name, [content for _, content in batch])
         insert_vectors(model, [chunk_id for chunk_id, _ in batch], vectors)
+        if collection.reembed_error:  # going again after a failure
+            Collection.objects.filter(pk=collection_id).update(reembed_error="", reembed_stopped_at=None)
         return False
     with transaction.atomic():
         collection = Collection.objects.select_for_update().get(pk=collection_id)
@@ -240,7 +299,8 @@ def collection_reembed_step(*, collection_id: int) -> bool:
             return False
         collection.embedding_model = model
         collection.next_embedding_model = None
-        collection.save(update_fields=["embedding_model", "next_embedding_model", "updated_at"])
+        collection.reembed_error, collection.reembed_stopped_at = "", None
+        collection.save(update_fields=["embedding_model", *REEMBED_STATE_FIELDS])
         _refresh_embedded_counts(collection, Document.objects.filter(collection_id=collection_id))
     logger.info("collection %s now searches with %s", collection.name, model)
     return True

@@ -6,15 +6,9 @@ from kb.models import EMBEDDING_MODEL_NAME_MAX_LENGTH, EmbeddingModel, Embedding
 from kb.storable import check_storable
 from kb.vector_index import ensure_hnsw_index
 
-# Dimensions known without asking the provider; others are learnt from the first vector.
-KNOWN_DIMENSIONS = {
-    ("local", "all-MiniLM-L6-v2"): 384,
-    ("ollama", "nomic-embed-text"): 768,
-    ("ollama", "all-minilm"): 384,
-    ("openai", "text-embedding-3-small"): 1536,
-    ("openai", "text-embedding-3-large"): 3072,
-    ("openai", "text-embedding-ada-002"): 1536,
-}
+# Dimensions known without asking the provider; others are learnt from the first vector (a
+# remote model chosen for a collection is asked at once: embedding_model_choose).
+KNOWN_DIMENSIONS = {("local", "all-MiniLM-L6-v2"): 384}
 
 
 def embedding_model_get_or_create(*, provider: str, name: str) -> EmbeddingModel:
@@ -36,6 +30,30 @@ def embedding_model_get_or_create(*, provider: str, name: str) -> EmbeddingModel
     if created and known:
         model = embedding_model_record_dimensions(model=model, dimensions=known)
     return model
+
+
+def embedding_model_choose(*, provider: str, name: str | None) -> EmbeddingModel:
+    """The model a collection is given or switched to, checked before anything accepts it.
+
+    A blank name is the provider's default. A local model's files must be there; a remote model
+    that has never given a vector is asked for one now: a provider that refuses it (unknown model,
+    bad key) gives INVALID_ARGUMENT, one that cannot be reached EMBEDDING_ERROR."""
+    from kb.embeddings import EmbeddingError, embed_texts
+
+    model = embedding_model_get_or_create(provider=provider, name=model_name_for(provider, name))
+    if model.dimensions is not None:
+        return model
+    try:
+        vectors = embed_texts(model.provider, model.name, ["A short text to check the model."])
+    except EmbeddingError as error:
+        code = ErrorCode.EMBEDDING_ERROR if error.retryable else ErrorCode.INVALID_ARGUMENT
+        raise KBError(code, f"Cannot use the embedding model {model}: {error.message}") from None
+    return embedding_model_record_dimensions(model=model, dimensions=len(vectors[0]))
+
+
+def model_name_for(provider: str, name: str | None) -> str:
+    """The model asked of a provider for a name a curator gave (blank: the provider's default)."""
+    return default_model_for(provider, (name or "").strip() or settings.EMBEDDING_DEFAULT_MODELS.get(provider, ""))
 
 
 def default_model_for(provider: str, name: str) -> str:

@@ -13,6 +13,7 @@ from typing_extensions import TypedDict
 
 from kb.models import Collection, Document
 from kb.search import SearchResponse, SearchResult
+from kb.selectors import collection_reembedding
 from kb.services.ingest import IngestItem, IngestReport
 
 
@@ -111,6 +112,7 @@ class CollectionSummary(TypedDict):
     pending: int
     processing: int
     failed: int
+    reembedding: str | None
 
 
 def collection_summary(collection: Collection) -> CollectionSummary:
@@ -125,7 +127,13 @@ def collection_summary(collection: Collection) -> CollectionSummary:
         pending=collection.pending_total,
         processing=collection.processing_total,
         failed=collection.failed_total,
+        reembedding=_reembedding(collection),
     )
+
+
+def _reembedding(collection: Collection) -> str | None:
+    reembedding = collection_reembedding(collection=collection)
+    return reembedding.summary if reembedding else None
 
 
 def collection_settings(collection: Collection) -> dict[str, Any]:
@@ -138,6 +146,7 @@ def collection_settings(collection: Collection) -> dict[str, Any]:
         },
         "search": {"top_k": collection.search_top_k, "hybrid": collection.search_hybrid, "hybrid_alpha": weight},
         "embedding_model": str(collection.embedding_model),
+        "reembedding": _reembedding(collection),
     }
 
 

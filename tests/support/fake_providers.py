@@ -48,11 +48,16 @@ def _openai_embeddings(handler, body):
 
 
 @contextmanager
-def fake_ollama(port: int = 0, *, delay: float = 0.0) -> Iterator[str]:
-    """``delay``: seconds each request takes (a busy or distant server), same vectors."""
+def fake_ollama(port: int = 0, *, delay: float = 0.0, models: tuple[str, ...] | None = None) -> Iterator[str]:
+    """``delay``: seconds each request takes (a busy or distant server), same vectors.
+    ``models``: the only models it has pulled (others get Ollama's 404); None: any."""
 
     def embed(handler, body):
         time.sleep(delay)
+        model = json_body(body)["model"]
+        if models is not None and model not in models:
+            error = {"error": f'model "{model}" not found, try pulling it first'}
+            return 404, {"content-type": "application/json"}, json.dumps(error).encode()
         return _ollama_embed(handler, body)
 
     with serve({"/api/embed": embed}, port=port) as base:
@@ -63,3 +68,18 @@ def fake_ollama(port: int = 0, *, delay: float = 0.0) -> Iterator[str]:
 def fake_openai(port: int = 0) -> Iterator[str]:
     with serve({"/v1/embeddings": _openai_embeddings}, port=port) as base:
         yield f"{base}/v1"
+
+
+def remote_collection(settings, *, name: str, provider: str = "ollama", model: str | None = None, **options):
+    """A collection of a remote model, created while its provider answered (a model is checked
+    then: embedding_model_choose). The provider's address is put back afterwards: the test
+    decides what answers from now on."""
+    from kb.services.collections import collection_create
+
+    saved = settings.OLLAMA_HOST, settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY
+    with fake_ollama() as ollama_base, fake_openai() as openai_base:
+        settings.OLLAMA_HOST, settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY = ollama_base, openai_base, "sk-x"
+        try:
+            return collection_create(name=name, embedding_provider=provider, embedding_model=model, **options)
+        finally:
+            settings.OLLAMA_HOST, settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY = saved
