@@ -121,7 +121,7 @@ def test_kb_reembed_reports_a_stopped_switch_and_retries_or_cancels_it(library, 
     assert Collection.objects.get(name="docs").reembed_stopped_at is None
     cancelled = run("kb_reembed", "--collection", "docs", "--cancel")
     assert cancelled.strip() == "Re-embedding cancelled: docs stays on local:all-MiniLM-L6-v2, 384d."
-    with pytest.raises(CommandError, match="INVALID_ARGUMENT.*not being re-embedded"):
+    with pytest.raises(CommandError, match=r"INVALID_ARGUMENT.*not being re-embedded"):
         run("kb_reembed", "--collection", "docs", "--retry")
 
 

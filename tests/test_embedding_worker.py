@@ -1,17 +1,20 @@
 """Embedding through a real Celery worker process on the default file-system broker."""
 
+import io
 import signal
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.db.models import Count
 
 from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding
+from kb.selectors import collection_reembedding
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text, document_mark_pending
 from kb.services.embedding import collection_switch_model
 from tests.conftest import free_port, start_worker, wait_for
-from tests.support.fake_providers import DIMENSIONS, fake_ollama, fake_openai
+from tests.support.fake_providers import DIMENSIONS, fake_ollama, fake_openai, remote_collection
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -93,10 +96,12 @@ def test_a_deleted_document_is_tolerated_by_its_task(celery_worker):
 
 
 @pytest.mark.parametrize("provider", ["ollama", "openai"])
-def test_remote_providers_embed_through_the_worker(tmp_path, provider):
+def test_remote_providers_embed_through_the_worker(tmp_path, provider, settings):
     fake = fake_ollama() if provider == "ollama" else fake_openai()
     with fake as base:
         env = {"OLLAMA_HOST": base} if provider == "ollama" else {"OPENAI_BASE_URL": base, "OPENAI_API_KEY": "sk-x"}
+        for name, value in env.items():  # this process checks the model when the collection is made
+            setattr(settings, name, value)
         worker = start_worker(tmp_path, extra_env=env)
         try:
             collection = collection_create(name="remote", embedding_provider=provider, embedding_model="fake-embed")
@@ -115,12 +120,12 @@ def test_remote_providers_embed_through_the_worker(tmp_path, provider):
         assert f"vector({DIMENSIONS})" in cursor.fetchone()[0]
 
 
-def test_a_dead_backend_fails_the_document_readably_and_a_retry_recovers(tmp_path):
+def test_a_dead_backend_fails_the_document_readably_and_a_retry_recovers(tmp_path, settings):
     port = free_port()
     env = {"OLLAMA_HOST": f"http://127.0.0.1:{port}", "EMBEDDING_MAX_RETRIES": "1", "EMBEDDING_TIMEOUT_SECONDS": "2"}
     worker = start_worker(tmp_path, extra_env=env)
     try:
-        collection = collection_create(name="remote", embedding_provider="ollama", embedding_model="fake-embed")
+        collection = remote_collection(settings, name="remote", model="fake-embed")
         document = document_create_from_text(
             collection=collection, source_uri="note://d", text="Some text to embed."
         ).document
@@ -137,8 +142,9 @@ def test_a_dead_backend_fails_the_document_readably_and_a_retry_recovers(tmp_pat
         worker.stop()
 
 
-def test_changing_the_model_re_embeds_in_the_background_then_switches(tmp_path):
+def test_changing_the_model_re_embeds_in_the_background_then_switches(tmp_path, settings):
     with fake_ollama() as base:
+        settings.OLLAMA_HOST = base
         worker = start_worker(tmp_path, extra_env={"OLLAMA_HOST": base})
         try:
             collection = collection_create(name="switch")
@@ -161,3 +167,33 @@ def test_changing_the_model_re_embeds_in_the_background_then_switches(tmp_path):
     assert vectors_per_chunk(document, old_model_id) == [1] * document.chunk_count
     document.refresh_from_db()
     assert (document.status, document.embedded_count) == (DocumentStatus.READY, document.chunk_count)
+
+
+def test_a_re_embed_that_stops_says_why_and_a_retry_finishes_it(tmp_path, settings):
+    port = free_port()
+    worker = start_worker(tmp_path, extra_env={"OLLAMA_HOST": f"http://127.0.0.1:{port}"})
+    try:
+        collection = collection_create(name="switch")
+        document = document_create_from_text(collection=collection, source_uri="note://s", text=LONG_TEXT).document
+        wait_until_status(document, DocumentStatus.READY, worker)
+        with fake_ollama() as base:  # the model answered when it was chosen...
+            settings.OLLAMA_HOST = base
+            collection = collection_switch_model(collection=collection, provider="ollama", model_name="fake-embed")
+        with fake_ollama(port=port, models=()):  # ...and was removed from the server before the worker came
+            wait_for(lambda: reembedding_of(collection).state == "stopped", timeout=60, what="the re-embed to stop")
+        stopped = reembedding_of(collection)
+        assert "ollama pull fake-embed" in stopped.error and stopped.done == 0 and stopped.total == document.chunk_count
+        assert Collection.objects.get(pk=collection.pk).embedding_model.name == "all-MiniLM-L6-v2"  # search goes on
+        with fake_ollama(port=port):
+            out = io.StringIO()
+            call_command("kb_reembed", "--collection", "switch", "--retry", "--wait", stdout=out, stderr=io.StringIO())
+        assert "Done: switch now searches with ollama:fake-embed" in out.getvalue()
+    finally:
+        worker.stop()
+    switched = Collection.objects.get(pk=collection.pk)
+    assert (switched.next_embedding_model, switched.reembed_error, switched.reembed_stopped_at) == (None, "", None)
+    assert vectors_per_chunk(document, switched.embedding_model_id) == [1] * document.chunk_count
+
+
+def reembedding_of(collection: Collection):
+    return collection_reembedding(collection=Collection.objects.get(pk=collection.pk))
