@@ -12,15 +12,9 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from kb.models import Document
 from tests.conftest import ROOT, child_env
-from tests.support.mcp_client import committed_db, structured, tool_threads  # noqa: F401
+from tests.support.mcp_client import committed_db, stdio_server, structured, tool_threads  # noqa: F401
 
 pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
-
-
-def stdio_server(*options: str, env: dict[str, str] | None = None) -> StdioServerParameters:
-    return StdioServerParameters(
-        command=sys.executable, args=["manage.py", "mcp_stdio", *options], env={**child_env(), **(env or {})}, cwd=ROOT
-    )
 
 
 async def with_session(parameters: StdioServerParameters, action):

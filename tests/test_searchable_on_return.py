@@ -1,5 +1,6 @@
 """Agents see what they write: every write tool of every profile answers once its chunks are
-searchable by meaning, on both HTTP transports, while the main worker is busy with a bulk import.
+searchable by meaning, on every transport (SSE, Streamable HTTP, stdio), while the main worker is
+busy with a bulk import.
 
 As `make run`: a worker that takes both lanes (here slowed down: its embedding server answers
 after a delay, so the bulk import is still running when the test ends) and a worker that takes
@@ -9,6 +10,7 @@ by meaning at once, and must be found every time.
 
 import base64
 import itertools
+from dataclasses import dataclass
 
 import anyio
 import httpx
@@ -21,7 +23,14 @@ from kb.work_lanes import INTERACTIVE_QUEUE, bulk_work
 from tests.conftest import start_worker
 from tests.support.fake_providers import fake_ollama
 from tests.support.http_server import serve
-from tests.support.mcp_client import committed_db, http_session, sse_session, structured, tool_threads  # noqa: F401
+from tests.support.mcp_client import (  # noqa: F401
+    committed_db,
+    http_session,
+    sse_session,
+    stdio_session,
+    structured,
+    tool_threads,
+)
 from tests.support.mcp_server import FAKE_MODEL, uvicorn_server
 
 pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads"), pytest.mark.worker]
@@ -29,14 +38,14 @@ pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads"), pytest.mark
 BULK_DOCUMENTS = 60
 ROUNDS = 3  # writes per tool and transport
 TOPICS = ["glaciers carve valleys", "pulsars spin fast", "mangroves shelter fish", "volcanoes vent ash"]
-SESSIONS = {"sse": (sse_session, "sse"), "http": (http_session, "mcp")}
+TRANSPORTS = ("sse", "http", "stdio")
 
 
 @pytest.fixture(scope="module")
 def deployment(django_db_setup, tmp_path_factory):
     """The server, a slowed main worker busy with a bulk import, and an interactive worker."""
     tmp = tmp_path_factory.mktemp("searchable")
-    pages = {f"/page/{n}": _page(n) for n in range(len(SESSIONS) * ROUNDS)}
+    pages = {f"/page/{n}": _page(n) for n in range(len(TRANSPORTS) * ROUNDS)}
     with fake_ollama() as fast, fake_ollama(delay=0.5) as slow, serve(pages) as site:
         env = {"EMBEDDING_PROVIDER": "ollama", "EMBEDDING_MODEL": FAKE_MODEL, "OLLAMA_HOST": fast}
         server_env = {**env, "KB_WRITE_WAIT_SECONDS": "60", "KB_FETCH_ALLOWED_PRIVATE_HOSTS": "127.0.0.1"}
@@ -44,10 +53,25 @@ def deployment(django_db_setup, tmp_path_factory):
         interactive = start_worker(tmp, extra_env=env, name="interactive", queues=INTERACTIVE_QUEUE)
         try:
             with uvicorn_server(tmp, server_env) as url:
-                yield url, site
+                yield Deployment(url=url, site=site, ollama=fast, server_env=server_env)
         finally:
             main.stop()
             interactive.stop()
+
+
+@dataclass(frozen=True)
+class Deployment:
+    url: str
+    site: str
+    ollama: str  # the fast embedding server: this process checks models with it
+    server_env: dict[str, str]  # a stdio server is spawned with the web server's settings
+
+    def session(self, transport: str, profile: str):
+        if transport == "stdio":
+            return stdio_session("--profile", profile, env=self.server_env)
+        if transport == "sse":
+            return sse_session(f"{self.url}/profiles/{profile}/sse")
+        return http_session(f"{self.url}/profiles/{profile}/mcp")
 
 
 def _page(n: int):
@@ -55,7 +79,6 @@ def _page(n: int):
 
 
 def start_bulk_import(settings) -> str:
-    settings.EMBEDDING_PROVIDER, settings.EMBEDDING_MODEL = "ollama", FAKE_MODEL
     collection = collection_create(name="bulk-import", embedding_provider="ollama", embedding_model=FAKE_MODEL)
     with bulk_work():
         for n in range(BULK_DOCUMENTS):
@@ -73,8 +96,17 @@ async def call(session, tool: str, arguments: dict):
     return result
 
 
-def test_every_write_tool_is_searchable_by_meaning_when_it_answers(deployment, settings):
-    url, site = deployment
+@pytest.fixture
+def ollama_settings(deployment, settings):
+    settings.EMBEDDING_PROVIDER, settings.EMBEDDING_MODEL, settings.OLLAMA_HOST = (
+        "ollama",
+        FAKE_MODEL,
+        deployment.ollama,
+    )
+
+
+def test_every_write_tool_is_searchable_by_meaning_when_it_answers(deployment, settings, ollama_settings):
+    site = deployment.site
     bulk = start_bulk_import(settings)
     for name in ("notes", "DocumentChunks", "fetched"):
         collection_create(name=name, embedding_provider="ollama", embedding_model=FAKE_MODEL)
@@ -116,20 +148,20 @@ def test_every_write_tool_is_searchable_by_meaning_when_it_answers(deployment, s
 
     async def run() -> None:
         serial = itertools.count()
-        for transport, (session_of, path) in SESSIONS.items():
+        for transport in TRANSPORTS:
             for profile, write_then_search in writers.items():
-                async with session_of(f"{url}/profiles/{profile}/{path}") as session:
+                async with deployment.session(transport, profile) as session:
                     for _ in range(ROUNDS):
                         hit = await write_then_search(session, next(serial))
                         found.setdefault(f"{profile} over {transport}", []).append(hit)
 
     anyio.run(run)
-    assert found == {key: [True] * ROUNDS for key in found} and len(found) == len(writers) * len(SESSIONS)
+    assert found == {key: [True] * ROUNDS for key in found} and len(found) == len(writers) * len(TRANSPORTS)
     assert still_importing(bulk) > 0, "the bulk import finished: the test did not write while it ran"
 
 
-def test_the_rest_api_waits_when_asked(deployment, settings):
-    url, _site = deployment
+def test_the_rest_api_waits_when_asked(deployment, ollama_settings):
+    url = deployment.url
     collection_create(name="rest-notes", embedding_provider="ollama", embedding_model=FAKE_MODEL)
     text = "Bench note: mangroves shelter fish at high tide."
     with httpx.Client(base_url=url, timeout=90) as client:

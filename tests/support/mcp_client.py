@@ -3,6 +3,7 @@ process; its tools use the database from their own threads, so tests need commit
 SSE / Streamable HTTP against a running server."""
 
 import json
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -13,6 +14,7 @@ import pytest
 from django.db import connection
 from mcp import Client, ClientSession
 from mcp.client.sse import sse_client
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
@@ -123,6 +125,22 @@ async def http_session(url: str, headers: dict[str, str] | None = None) -> Async
         streamable_http_client(url, http_client=http) as (read, write),
         ClientSession(read, write) as session,
     ):
+        await session.initialize()
+        yield session
+
+
+def stdio_server(*options: str, env: dict[str, str] | None = None) -> StdioServerParameters:
+    """``manage.py mcp_stdio`` as an MCP client spawns it, on the test database."""
+    from tests.conftest import ROOT, child_env
+
+    return StdioServerParameters(
+        command=sys.executable, args=["manage.py", "mcp_stdio", *options], env={**child_env(), **(env or {})}, cwd=ROOT
+    )
+
+
+@asynccontextmanager
+async def stdio_session(*options: str, env: dict[str, str] | None = None) -> AsyncIterator[ClientSession]:
+    async with stdio_client(stdio_server(*options, env=env)) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
 
