@@ -186,12 +186,24 @@ class KBServer(MCPServer):
     """
 
     def __init__(
-        self, name: str, *, json_errors: bool = False, input_schema_in_meta: bool = False, **kwargs: Any
+        self,
+        name: str,
+        *,
+        json_errors: bool = False,
+        input_schema_in_meta: bool = False,
+        strict_arguments: bool = False,
+        closed_arguments: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
         self.json_errors = json_errors
         # Synthesis (seed 003) attaches each tool's input JSON Schema as _meta.jsonSchema.
         self.input_schema_in_meta = input_schema_in_meta
+        # Arguments are taken as their JSON Schema types say, never coerced ("5" is not 5, "false"
+        # not false): seeds whose servers validate with JSON Schema or zod. Python seeds coerce.
+        self.strict_arguments = strict_arguments or closed_arguments
+        # And unknown argument names are refused, the schema saying so (zod's .strict()).
+        self.closed_arguments = closed_arguments
         self._description_suffixes: dict[str, Callable[[], Awaitable[str]]] = {}
         self._scopes: dict[str, TokenScope] = {}
 
@@ -208,6 +220,22 @@ class KBServer(MCPServer):
                 continue
             self.add_tool(fn, annotations=annotations, structured_output=structured_output)
             self._scopes[fn.__name__] = required_scope(fn)
+            if self.strict_arguments:
+                self._tighten(fn.__name__)
+
+    def _tighten(self, tool_name: str) -> None:
+        tool = self._tool_manager.get_tool(tool_name)
+        loose = tool.fn_metadata.arg_model
+        config = {**loose.model_config, "strict": True}
+        if self.closed_arguments:
+            config["extra"] = "forbid"
+            properties = {name: _untitled(value) for name, value in tool.parameters.get("properties", {}).items()}
+            tool.parameters = {
+                **{key: value for key, value in tool.parameters.items() if key != "title"},
+                "properties": properties,
+                "additionalProperties": False,
+            }
+        tool.fn_metadata.arg_model = type(loose.__name__, (loose,), {"model_config": config})
 
     def describe_live(self, tool_name: str, suffix: Callable[[], Awaitable[str]]) -> None:
         self._description_suffixes[tool_name] = suffix
@@ -243,3 +271,12 @@ class KBServer(MCPServer):
             if self.json_errors and invalid_arguments:
                 return json_error(KBError(ErrorCode.INVALID_ARGUMENT, validation_message(exc.__cause__)))
             raise
+
+
+def _untitled(schema: Any) -> Any:
+    """A property's JSON Schema without pydantic's generated titles (zod's schemas have none)."""
+    if isinstance(schema, dict):
+        return {key: _untitled(value) for key, value in schema.items() if key != "title"}
+    if isinstance(schema, list):
+        return [_untitled(item) for item in schema]
+    return schema

@@ -404,3 +404,17 @@ def test_every_error_reaches_the_client_as_the_seeds_error_body(code, settings):
     if code == "DATABASE_ERROR":  # the driver's text may name paths and data: only its SQLSTATE
         assert "refused for this test" not in error["message"] and "SQLSTATE P0001" in error["message"]
     assert result.structured_content is None  # clients would check it against the output schema
+
+
+def test_arguments_are_taken_as_the_schema_types_them_never_coerced():
+    collection_create(name="typed")
+    for tool, arguments in (
+        ("rag_search", {"query": "x", "top_k": "5"}),
+        ("rag_search", {"query": "x", "hybrid": "false"}),
+        ("rag_search", {"query": "x", "hybrid": 1}),
+        ("rag_list_documents", {"collection": "typed", "limit": "10"}),
+        ("rag_get_document", {"doc_id": 5}),
+    ):
+        refused = error_of(call(SERVER, tool, arguments))
+        assert refused["code"] == "INVALID_ARGUMENT", (tool, arguments, refused)
+    assert call_ok(SERVER, "rag_search", {"query": "x", "top_k": 5, "semantic_weight": 1})["total_results"] == 0

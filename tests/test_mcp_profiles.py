@@ -148,7 +148,10 @@ def test_the_hybrid_profile_fuses_ranks_at_semantic_weight_0_7():
     assert len(hits) == 3
     best = hits[0]
     assert best == {"file_name": "2 - Annual Leave.txt", "content": LEAVE, "rrf_score": ANY, "vector_rank": 1,
-                    "text_rank": 1}  # fmt: skip
+                    "text_rank": 1, "score": ANY}  # fmt: skip
+    assert 0.0 < best["score"] <= 1.0 and [hit["score"] for hit in hits] == sorted(
+        (hit["score"] for hit in hits), reverse=True
+    )
     for hit in hits:  # weighted RRF: 2w/(60 + vector rank) + 2(1 - w)/(60 + text rank), w = 0.7
         expected = sum(
             2 * weight / (60 + rank) for weight, rank in ((0.7, hit["vector_rank"]), (0.3, hit["text_rank"])) if rank
@@ -280,9 +283,13 @@ def test_synthesis_coerces_no_types_and_attaches_each_input_schema():
     assert not call(
         SYNTHESIS, "search_rag", {"collectionId": str(collection.uuid), "query": "x", "min_similarity": 1}
     ).is_error
+    unknown = call(SYNTHESIS, "search_rag", {"collectionId": str(collection.uuid), "query": "x", "topK": 3})
+    assert unknown.is_error and "topK" in unknown.content[0].text  # zod's .strict(): no unknown keys
     tools = tools_of(SYNTHESIS)
     assert all(tool.meta["jsonSchema"] == tool.input_schema for tool in tools.values())
-    assert tools["search_rag"].meta["jsonSchema"]["properties"]["top_k"]["default"] == 5
+    schema = tools["search_rag"].meta["jsonSchema"]
+    assert schema["properties"]["top_k"]["default"] == 5 and schema["additionalProperties"] is False
+    assert "title" not in json.dumps(schema)
 
 
 def test_file_names_are_shown_decoded_as_the_seeds_show_them():

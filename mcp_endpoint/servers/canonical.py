@@ -403,6 +403,7 @@ def build(*, read_only: bool) -> KBServer:
         description="Local RAG system with hybrid search",
         instructions=INSTRUCTIONS,
         json_errors=True,
+        strict_arguments=True,
     )
     server.add_tools(TOOLS, read_only=read_only)
     server.describe_live("rag_search", collections_for_description)

@@ -22,6 +22,7 @@ class HybridHit(TypedDict):
     file_name: str
     content: str
     rrf_score: float
+    score: float  # the seed's own test script prints doc["score"]: the 0-1 relevance (README, Search)
     vector_rank: int | None
     text_rank: int | None
 
@@ -46,6 +47,7 @@ def search_documents(
             file_name=file_name(result.source_uri),
             content=result.content,
             rrf_score=result.fused_score or 0.0,
+            score=result.score,
             vector_rank=result.vector_rank,
             text_rank=result.keyword_rank,
         )

@@ -170,7 +170,7 @@ def delete_collection(collection_id: CollectionId, confirm: Confirm) -> str:
 
 
 def build(*, read_only: bool) -> KBServer:
-    server = KBServer("synthesis-rag", version="1.0.0", input_schema_in_meta=True)
+    server = KBServer("synthesis-rag", version="1.0.0", input_schema_in_meta=True, closed_arguments=True)
     server.add_tools(
         [
             (search_rag, READ_ONLY),
