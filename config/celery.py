@@ -50,4 +50,48 @@ class SweepStaleDocuments(bootsteps.StartStopStep):
             close_old_connections()
 
 
+class Heartbeat(bootsteps.StartStopStep):
+    """Renew this worker's row in kb_workerheartbeat (hostname, queues) while it consumes."""
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.timer_entry = None
+
+    def start(self, parent: Any) -> None:
+        from django.conf import settings
+
+        self.hostname = parent.hostname
+        self.queues = [queue.name for queue in parent.app.amqp.queues.consume_from.values()]
+        self.beat()
+        self.timer_entry = parent.timer.call_repeatedly(settings.KB_WORKER_HEARTBEAT_SECONDS, self.beat, priority=10)
+
+    def stop(self, parent: Any) -> None:
+        if self.timer_entry is not None:
+            self.timer_entry.cancel()
+            self._quietly(lambda: _workers().worker_gone(hostname=self.hostname))
+
+    def beat(self) -> None:
+        self._quietly(lambda: _workers().worker_beat(hostname=self.hostname, queues=self.queues))
+
+    @staticmethod
+    def _quietly(action: Any) -> None:
+        from django.db import close_old_connections
+
+        try:
+            action()
+        except Exception:  # the database may be down: /health says so; the next beat retries
+            logger.warning("worker heartbeat failed", exc_info=True)
+        finally:
+            close_old_connections()
+
+
+def _workers() -> Any:
+    from kb.services import workers
+
+    return workers
+
+
 app.steps["consumer"].add(SweepStaleDocuments)
+app.steps["consumer"].add(Heartbeat)

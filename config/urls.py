@@ -10,6 +10,7 @@ urlpatterns = [
     path("favicon.ico", views.favicon, name="favicon"),
     path("health", views.health, name="health"),
     path("health/live", views.liveness, name="liveness"),
+    path("health/ready", views.readiness, name="readiness"),
     path("api/", api.urls),
     re_path(r"^api/(?P<rest>.*)$", views.api_not_found),
 ]

@@ -1,4 +1,8 @@
-"""Health checks behind ``/health`` and ``/api/health``: database, broker, embedding providers.
+"""Health checks behind ``/health`` and ``/api/health``: database, broker, workers, embedding providers.
+
+``/health/live`` says only that the process answers; ``/health/ready`` is 503 unless the
+database, the broker and a worker for every queue are there; ``/health`` reports everything and
+is 503 only when the server cannot work at all (database or broker down).
 
 Each check is cheap (one query, one broker connection, one small HTTP request with a short
 timeout) and never loads an ML library, so load balancers may poll it. The embedding check
@@ -21,6 +25,7 @@ def health_report(*, detailed: bool) -> dict[str, Any]:
     """``detailed`` (for admins only): versions, transports, paths, hosts and error texts. Others
     learn only what is up and what is down: details name server paths and internal addresses."""
     checks = {"database": database_check(), "broker": broker_check()}
+    checks["worker"] = worker_check(database_ok=checks["database"]["ok"])
     checks["embedding"] = embedding_check(models=_models_in_use(database_ok=checks["database"]["ok"]))
     if not detailed:
         checks = {name: {"ok": check["ok"]} for name, check in checks.items()}
@@ -29,11 +34,41 @@ def health_report(*, detailed: bool) -> dict[str, Any]:
 
 def readiness(checks: dict[str, dict[str, Any]]) -> str:
     """ "error" (HTTP 503) only when the server cannot work: the database or the broker is down.
-    One collection's unreachable embedding provider makes it "degraded": search, ingestion and
-    the other collections still work, and the failing model is named in the details."""
+    No worker, or one collection's unreachable embedding provider, makes it "degraded": search,
+    ingestion and the other collections still work (embeddings wait), and the details say what."""
     if not (checks["database"]["ok"] and checks["broker"]["ok"]):
         return "error"
-    return "ok" if checks["embedding"]["ok"] else "degraded"
+    return "ok" if checks["embedding"]["ok"] and checks["worker"]["ok"] else "degraded"
+
+
+def ready() -> bool:
+    """Whether this server can take work now: database, broker and a worker on every queue."""
+    checks = {"database": database_check(), "broker": broker_check()}
+    checks["worker"] = worker_check(database_ok=checks["database"]["ok"])
+    return all(check["ok"] for check in checks.values())
+
+
+def worker_check(*, database_ok: bool) -> dict[str, Any]:
+    """Workers whose heartbeat is recent, per queue; every queue needs one."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from kb.models import WorkerHeartbeat
+
+    if not database_ok:
+        return {"ok": False, "error": "unknown: the database is down"}
+    recent = timezone.now() - timedelta(seconds=3 * settings.KB_WORKER_HEARTBEAT_SECONDS)
+    consumers = dict.fromkeys(settings.CELERY_TASK_QUEUES, 0)
+    live = list(WorkerHeartbeat.objects.filter(last_seen_at__gte=recent).values_list("queues", flat=True))
+    for queues in live:
+        for queue in queues:
+            consumers[queue] = consumers.get(queue, 0) + 1
+    idle = sorted(queue for queue, count in consumers.items() if not count)
+    check: dict[str, Any] = {"ok": not idle, "workers": len(live), "queues": consumers}
+    if idle:
+        check["error"] = f"no live worker consumes {', '.join(idle)}: documents wait for embedding"
+    return check
 
 
 def database_check() -> dict[str, Any]:

@@ -292,3 +292,16 @@ class CollectionStats(models.Model):
     class Meta:
         db_table = "kb_collection_stats"
         verbose_name_plural = "collection stats"
+
+
+class WorkerHeartbeat(models.Model):
+    """A Celery worker that is alive: it renews ``last_seen_at`` every KB_WORKER_HEARTBEAT_SECONDS
+    and removes its row when it stops. /health reads it to say whether every queue is consumed."""
+
+    hostname = models.CharField(max_length=255, unique=True)
+    queues = models.JSONField(default=list)
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.hostname

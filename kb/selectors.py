@@ -186,6 +186,13 @@ def health_report(*, detailed: bool) -> dict[str, Any]:
     return report(detailed=detailed)
 
 
+def ready() -> bool:
+    """Database, broker and a worker on every queue (see kb.health)."""
+    from kb.health import ready as is_ready
+
+    return is_ready()
+
+
 def collection_get_with_totals(*, name: str) -> Collection:
     """One collection with the annotations of ``collection_list``."""
     collection = collection_list().filter(name=name).first()

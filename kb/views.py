@@ -12,8 +12,14 @@ def health(request: HttpRequest) -> JsonResponse:
 
 
 def liveness(request: HttpRequest) -> JsonResponse:
-    """The process answers (container health checks); readiness, with its dependencies, is /health."""
+    """The process answers (container health checks); readiness, with its dependencies, is /health/ready."""
     return JsonResponse({"status": "ok"})
+
+
+def readiness(request: HttpRequest) -> JsonResponse:
+    """503 until the database, the broker and a worker for every queue are there (details: /health)."""
+    ok = selectors.ready()
+    return JsonResponse({"status": "ok" if ok else "not ready"}, status=200 if ok else 503)
 
 
 def home(request: HttpRequest) -> HttpResponse:

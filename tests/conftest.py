@@ -56,6 +56,15 @@ def answer_writes_at_once() -> Iterator[None]:
 
 
 @pytest.fixture
+def live_worker(db: None) -> None:
+    """A worker on every queue, as far as /health can tell (its heartbeat row; the real bootstep
+    that writes it is tested with a real worker in test_embedding_worker)."""
+    from kb.services.workers import worker_beat
+
+    worker_beat(hostname="test-worker@localhost", queues=["celery", "interactive"])
+
+
+@pytest.fixture
 def remote_providers(settings: Any) -> Iterator[None]:
     """Ollama and an OpenAI-compatible server (HTTP fakes on loopback) that this process reaches:
     a collection may only be given a remote model that answers (embedding_model_choose)."""

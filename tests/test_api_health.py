@@ -1,11 +1,15 @@
 """Health: database, broker and every embedding provider in use, on /api/health and /health."""
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from config.celery import app
 from kb.health import broker_check, readiness
+from kb.models import WorkerHeartbeat
+from kb.services.workers import worker_beat, worker_gone
 from tests.conftest import free_port
 from tests.support.fake_providers import remote_collection
 from tests.support.http_server import serve
@@ -18,7 +22,7 @@ def ollama_tags(*names: str):
     return lambda handler, body: (200, {"content-type": "application/json"}, payload)
 
 
-def test_it_reports_database_broker_and_the_local_model(client):
+def test_it_reports_database_broker_and_the_local_model(client, live_worker):
     response = client.get("/api/health")
     assert response.status_code == 200
     body = response.json()
@@ -34,7 +38,7 @@ def test_it_needs_no_token_even_when_tokens_are_required(client, settings):
     assert client.get("/api/health").status_code == 200
 
 
-def test_an_ollama_model_in_use_is_checked_on_the_ollama_server(client, settings):
+def test_an_ollama_model_in_use_is_checked_on_the_ollama_server(client, settings, live_worker):
     remote_collection(settings, name="remote")
     with serve({"/api/tags": ollama_tags("nomic-embed-text:latest")}) as base:
         settings.OLLAMA_HOST = base
@@ -95,14 +99,41 @@ def test_the_file_system_broker_needs_writable_folders(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("database", "broker", "embedding", "status"),
+    ("database", "broker", "worker", "embedding", "status"),
     [
-        (True, True, True, "ok"),
-        (True, True, False, "degraded"),
-        (False, True, True, "error"),
-        (True, False, False, "error"),
+        (True, True, True, True, "ok"),
+        (True, True, True, False, "degraded"),
+        (True, True, False, True, "degraded"),
+        (False, True, True, True, "error"),
+        (True, False, True, False, "error"),
     ],
 )
-def test_only_a_missing_database_or_broker_makes_the_server_unready(database, broker, embedding, status):
-    checks = {"database": {"ok": database}, "broker": {"ok": broker}, "embedding": {"ok": embedding}}
+def test_only_a_missing_database_or_broker_makes_the_server_unready(database, broker, worker, embedding, status):
+    checks = {
+        "database": {"ok": database}, "broker": {"ok": broker}, "worker": {"ok": worker}, "embedding": {"ok": embedding}
+    }  # fmt: skip
     assert readiness(checks) == status
+
+
+def test_without_a_worker_on_every_queue_it_is_degraded_and_not_ready(client, settings):
+    def worker_state():
+        body = client.get("/api/health").json()
+        return body["status"], body["checks"]["worker"], client.get("/health/ready").status_code
+
+    status, worker, ready = worker_state()
+    assert (status, ready, worker["workers"]) == ("degraded", 503, 0)
+    assert worker["error"] == "no live worker consumes celery, interactive: documents wait for embedding"
+    worker_beat(hostname="bulk@host", queues=["celery"])
+    status, worker, ready = worker_state()
+    assert (status, ready, worker["queues"]) == ("degraded", 503, {"celery": 1, "interactive": 0})
+    assert "consumes interactive:" in worker["error"]
+    worker_beat(hostname="interactive@host", queues=["interactive"])
+    assert worker_state() == ("ok", {"ok": True, "workers": 2, "queues": {"celery": 1, "interactive": 1}}, 200)
+    # A worker that stopped beating (killed) no longer counts; one that stopped cleanly is gone.
+    WorkerHeartbeat.objects.filter(hostname="bulk@host").update(
+        last_seen_at=timezone.now() - timedelta(seconds=3 * settings.KB_WORKER_HEARTBEAT_SECONDS + 1)
+    )
+    assert worker_state()[2] == 503
+    worker_gone(hostname="interactive@host")
+    assert client.get("/health/ready").json() == {"status": "not ready"}
+    assert client.get("/health").status_code == 200  # degraded: search and writes still work

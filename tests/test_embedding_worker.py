@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.db.models import Count
 
-from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding
+from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding, WorkerHeartbeat
 from kb.selectors import collection_reembedding
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text, document_mark_pending
@@ -197,3 +197,25 @@ def test_a_re_embed_that_stops_says_why_and_a_retry_finishes_it(tmp_path, settin
 
 def reembedding_of(collection: Collection):
     return collection_reembedding(collection=Collection.objects.get(pk=collection.pk))
+
+
+def test_a_worker_keeps_a_heartbeat_with_its_queues_and_removes_it_when_it_stops(tmp_path, client):
+    worker = start_worker(tmp_path, name="beating", queues="interactive")
+    try:
+        wait_for(
+            lambda: WorkerHeartbeat.objects.filter(hostname__startswith="beating-").exists(),
+            timeout=60,
+            what="the worker's first heartbeat",
+        )
+        beat = WorkerHeartbeat.objects.get(hostname__startswith="beating-")
+        assert beat.queues == ["interactive"]
+        wait_for(
+            lambda: WorkerHeartbeat.objects.get(pk=beat.pk).last_seen_at > beat.last_seen_at,
+            timeout=30,
+            what="the heartbeat to be renewed",
+        )
+        worker_check = client.get("/api/health").json()["checks"]["worker"]
+        assert worker_check["queues"] == {"celery": 0, "interactive": 1}
+    finally:
+        worker.stop()
+    assert not WorkerHeartbeat.objects.filter(pk=beat.pk).exists()
