@@ -183,6 +183,8 @@ KB_WRITE_WAIT_SECONDS = env_float("KB_WRITE_WAIT_SECONDS", 30.0, minimum=0.0, ma
 KB_SWEEP_INTERVAL_SECONDS = env_int("KB_SWEEP_INTERVAL_SECONDS", 60, minimum=5)
 # A worker renews its heartbeat row this often; /health counts it alive for three periods.
 KB_WORKER_HEARTBEAT_SECONDS = env_int("KB_WORKER_HEARTBEAT_SECONDS", 5, minimum=1)
+# Files refused by uploads and folder ingests that the dashboard keeps (the newest).
+KB_REFUSALS_KEPT = env_int("KB_REFUSALS_KEPT", 1000, minimum=1)
 # A document whose embedding lease has not been renewed for this long is taken over by another worker.
 KB_EMBED_LEASE_SECONDS = env_int("KB_EMBED_LEASE_SECONDS", 120, minimum=10)
 

@@ -14,3 +14,7 @@ urlpatterns = [
     path("api/", api.urls),
     re_path(r"^api/(?P<rest>.*)$", views.api_not_found),
 ]
+
+# A request Django itself refuses (a malformed multipart body, a header past its limits) gets the
+# API's JSON error shape on /api/ paths.
+handler400 = views.bad_request

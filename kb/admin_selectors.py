@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from kb.models import Chunk, Document, DocumentStatus, Embedding
+from kb.models import Chunk, Document, DocumentStatus, Embedding, IngestRefusal
 from kb.selectors import Stats, kb_stats
 
 # Columns of a document that lists and status polls need; never raw_content or metadata.
@@ -52,6 +52,7 @@ class Dashboard:
     stats: Stats
     recent: list[Document]
     failed: list[Document]
+    refused: list[IngestRefusal]
     per_day: list[DayCount]
 
     @property
@@ -68,6 +69,7 @@ def dashboard(*, recent: int = 8, failed: int = 5, days: int = 14) -> Dashboard:
         stats=kb_stats(),
         recent=list(document_summaries().order_by("-created_at")[:recent]),
         failed=list(document_summaries().filter(status=DocumentStatus.FAILED).order_by("-updated_at")[:failed]),
+        refused=list(IngestRefusal.objects.select_related("collection")[:failed]),
         per_day=documents_per_day(days=days),
     )
 

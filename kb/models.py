@@ -305,3 +305,22 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.hostname
+
+
+class IngestRefusal(models.Model):
+    """A file of an upload or a folder ingest that did not become a document: refused (its
+    error) or skipped (a type that is not supported). Kept for the curator: the dashboard and
+    the admin list them; the newest KB_REFUSALS_KEPT are kept."""
+
+    collection = models.ForeignKey(Collection, on_delete=models.CASCADE, related_name="+")
+    source_uri = models.TextField()
+    skipped = models.BooleanField(default=False)
+    error_code = models.CharField(max_length=40)
+    error = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.source_uri

@@ -1,5 +1,6 @@
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
+from django.views import defaults
 
 from kb import selectors
 from kb.api.auth import sees_health_details
@@ -37,6 +38,14 @@ FAVICON = (
 
 def favicon(request: HttpRequest) -> HttpResponse:
     return HttpResponse(FAVICON, content_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if not request.path.startswith("/api/"):
+        return defaults.bad_request(request, exception)
+    reason = f": {exception}" if exception and str(exception) else ""
+    error = KBError(ErrorCode.INVALID_ARGUMENT, f"The request could not be read{reason}")
+    return JsonResponse(error.as_dict(), status=400)
 
 
 def api_not_found(request: HttpRequest, rest: str) -> JsonResponse:

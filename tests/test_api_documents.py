@@ -5,9 +5,11 @@ import io
 
 import pytest
 
-from kb.models import Document, Embedding
+from kb.errors import ErrorCode, KBError
+from kb.models import Document, Embedding, IngestRefusal
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
+from kb.services.ingest import IngestItem, ingest_refusals_record
 from tests.support.api_helpers import delete, embed_now, error_of, get, post
 from tests.support.documents import MARKDOWN, make_pdf, write_mixed_folder
 
@@ -95,7 +97,11 @@ def test_it_uploads_several_files_and_reports_each(client, docs):
     assert response.status_code == 200
     body = response.json()
     assert (body["created"], body["failed"]) == (2, 1)
-    assert [item["source_uri"] for item in body["items"]] == ["upload://guide.md", "upload://paper.pdf", "broken.json"]
+    assert [item["source_uri"] for item in body["items"]] == [
+        "upload://guide.md",
+        "upload://paper.pdf",
+        "upload://broken.json",
+    ]
     assert body["items"][2]["error"]["code"] == "LOAD_FAILED"
     pdf = Document.objects.get(source_uri="upload://paper.pdf")
     assert (pdf.content_type, pdf.metadata["team"]) == ("pdf", "aero")
@@ -105,6 +111,9 @@ def test_a_single_upload_that_fails_answers_with_its_error(client, docs):
     broken = io.BytesIO(b"{not json")
     broken.name = "broken.json"
     assert error_of(client.post("/api/collections/docs/uploads", {"files": [broken]})) == (502, "LOAD_FAILED")
+    # Recorded where a curator looks, not only answered once.
+    refusal = IngestRefusal.objects.get(source_uri="upload://broken.json")
+    assert (refusal.collection.name, refusal.skipped, refusal.error_code) == ("docs", False, "LOAD_FAILED")
     assert error_of(client.post("/api/collections/docs/uploads", {})) == (400, "INVALID_ARGUMENT")
     note = io.BytesIO(b"text")
     note.name = "note.txt"
@@ -184,3 +193,38 @@ def test_it_deletes_a_document(client, docs):
         "collection": "docs",
     }
     assert not Document.objects.exists()
+
+
+def test_only_the_newest_refusals_are_kept(client, docs, settings):
+    settings.KB_REFUSALS_KEPT = 3
+    for n in range(5):
+        broken = io.BytesIO(b"{not json")
+        broken.name = f"broken-{n}.json"
+        client.post("/api/collections/docs/uploads", {"files": [broken]})
+    kept = list(IngestRefusal.objects.values_list("source_uri", flat=True))
+    assert kept == ["upload://broken-4.json", "upload://broken-3.json", "upload://broken-2.json"]
+
+
+def test_a_file_name_past_the_multipart_header_limit_is_a_json_400(client, docs):
+    named = io.BytesIO(b"{not json")
+    named.name = "x" * 5000 + ".json"
+    response = client.post("/api/collections/docs/uploads", {"files": [named]})
+    assert error_of(response) == (400, "INVALID_ARGUMENT")
+    assert "could not be read" in response.json()["error"]["message"]
+
+
+def test_refusals_are_stored_readably_whatever_the_names_and_messages_hold(docs):
+    items = [
+        IngestItem(
+            source_uri="upload://bad\x00name\udcff.json",
+            outcome="failed",
+            error=KBError(ErrorCode.LOAD_FAILED, "bad\udcff"),
+        ),
+        IngestItem(
+            source_uri="upload://" + "x" * 5000, outcome="failed", error=KBError(ErrorCode.LOAD_FAILED, "y" * 5000)
+        ),
+    ]
+    ingest_refusals_record(collection=docs, items=items)
+    stored = {refusal.source_uri: refusal.error for refusal in IngestRefusal.objects.all()}
+    assert stored["upload://bad\ufffdname?.json"] == "bad?"
+    assert sorted(len(uri) for uri in stored) == [len("upload://bad?name?.json"), 2000]

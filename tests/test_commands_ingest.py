@@ -5,7 +5,7 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
-from kb.models import Collection, Document
+from kb.models import Collection, Document, IngestRefusal
 from kb.services.collections import collection_create
 from tests.support.documents import write_mixed_folder
 
@@ -40,14 +40,14 @@ def workdir(tmp_path, monkeypatch, settings):
 
 def test_it_ingests_a_folder_of_mixed_files_and_summarises(workdir):
     out, err = ingest("./docs", "--collection", "docs", "--create", "--recursive")
-    assert "Collection docs: 8 created, 0 updated, 0 unchanged, 0 failed" in out
+    assert "Collection docs: 8 created\n" in out
     assert Document.objects.filter(collection__name="docs").count() == 8
     # Not a terminal: one plain line per file, no carriage returns redrawing a bar.
     assert "\r" not in err
     assert "Ingesting [8] created" in err
     assert "src/retry.py" in err
     again, _ = ingest("./docs", "--collection", "docs", "--recursive")
-    assert "0 created, 0 updated, 8 unchanged, 0 failed" in again
+    assert "Collection docs: 8 unchanged\n" in again
 
 
 def test_folders_are_read_without_subfolders_unless_recursive(workdir):
@@ -70,9 +70,26 @@ def test_failures_are_listed_with_their_reasons_and_the_exit_status_is_1(workdir
         ingest("docs", "missing.md", "--collection", "docs", "--create")
     assert failed.value.returncode == 1
     out, _ = failed.value.output
-    assert "6 created, 0 updated, 0 unchanged, 2 failed" in out
+    assert "Collection docs: 6 created, 2 failed\n" in out
     assert "broken.json: LOAD_FAILED: The content is not valid JSON" in out
     assert "missing.md: LOAD_FAILED: No such file or directory" in out
+
+
+def test_unsupported_files_are_skipped_named_and_kept_for_the_dashboard(workdir, client, admin_user):
+    for name in ("photo.jpg", "archive.7z", "notes.xyz"):
+        (workdir / "docs" / name).write_bytes(b"\x00\x01binary")
+    (workdir / "docs" / ".hidden.md").write_text("# never read")
+    out, _ = ingest("docs", "--collection", "docs", "--create")  # exit status 0: skipping is not failing
+    assert "Collection docs: 6 created, 3 unsupported files skipped\n" in out
+    assert "  skipped (type not supported): archive.7z, notes.xyz, photo.jpg\n" in out
+    refused = IngestRefusal.objects.filter(collection__name="docs")
+    assert sorted(uri.rsplit("/", 1)[-1] for uri in refused.values_list("source_uri", flat=True)) == [
+        "archive.7z", "notes.xyz", "photo.jpg"
+    ]  # fmt: skip
+    assert all(refusal.skipped for refusal in refused)
+    client.force_login(admin_user)
+    page = client.get("/admin/").content.decode()
+    assert "Files not ingested" in page and "photo.jpg" in page and "type not supported" in page
 
 
 def test_paths_outside_the_allowed_roots_fail(workdir, tmp_path_factory):

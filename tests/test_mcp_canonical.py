@@ -101,7 +101,7 @@ def test_a_document_goes_in_is_found_and_goes_out():
     ingested = ingest("code", source, content_type="rust")
     assert ingested == {
         "success": True, "doc_id": ANY, "collection": "code", "source_uri": ANY, "content_type": "rust",
-        "chunks_created": 1, "outcome": "created", "status": "pending", "documents": [ANY], "failed": 0,
+        "chunks_created": 1, "outcome": "created", "status": "pending", "documents": [ANY], "failed": 0, "skipped": 0,
         "note": STILL_EMBEDDING,  # no worker here, and no wait (KB_WRITE_WAIT_SECONDS=0)
     }  # fmt: skip
     doc_id = ingested["doc_id"]

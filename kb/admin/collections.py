@@ -12,7 +12,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from kb.admin.common import adopt
+from kb.admin.common import RecordAdmin, adopt
 from kb.admin_selectors import collections_removal
 from kb.errors import KBError
 from kb.forms import CollectionForm
@@ -259,17 +259,8 @@ class CollectionAdmin(admin.ModelAdmin):
 
 
 @admin.register(EmbeddingModel)
-class EmbeddingModelAdmin(admin.ModelAdmin):
+class EmbeddingModelAdmin(RecordAdmin):
     """Read-only: models are recorded by the services when a collection first uses them."""
 
     list_display = ["provider", "name", "dimensions", "created_at"]
     list_filter = ["provider"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: EmbeddingModel | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: EmbeddingModel | None = None) -> bool:
-        return False

@@ -3,7 +3,7 @@
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.contrib import messages
+from django.contrib import admin, messages
 from django.db.models import Model
 from django.http import HttpRequest
 from django.template.loader import render_to_string
@@ -77,3 +77,18 @@ def run_each(
     if succeeded:
         messages.success(request, done.format(count=succeeded, s="" if succeeded == 1 else "s"))
     return succeeded
+
+
+class RecordAdmin(admin.ModelAdmin):
+    """Rows the services write and a curator only reads (and may delete, when ``deletable``)."""
+
+    deletable = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.deletable and super().has_delete_permission(request, obj)

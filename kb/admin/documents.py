@@ -22,10 +22,10 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from kb.admin import views
-from kb.admin.common import explain_error, progress_bar, run_each, status_badge
+from kb.admin.common import RecordAdmin, explain_error, progress_bar, run_each, status_badge
 from kb.admin_selectors import document_chunk_rows, documents_removal
 from kb.ingestion.formats import CONTENT_TYPES
-from kb.models import Document, DocumentStatus
+from kb.models import Document, DocumentStatus, IngestRefusal
 from kb.services.documents import document_delete, document_mark_pending
 from kb.services.embedding import document_reembed
 from kb.services.ingest import document_reingest, network_file_roots
@@ -321,3 +321,17 @@ def _labels(queryset: QuerySet[Document]) -> list[tuple[str, str]]:
 
 def _label(doc: tuple[str, str]) -> str:
     return doc[1][:120]
+
+
+@admin.register(IngestRefusal)
+class IngestRefusalAdmin(RecordAdmin):
+    """Files of uploads and folder ingests that did not become documents, and why."""
+
+    deletable = True  # a curator clears what was dealt with
+    list_display = ["source_uri", "collection", "reason", "created_at"]
+    list_filter = ["skipped", "error_code", "collection"]
+    search_fields = ["source_uri", "error"]
+
+    @admin.display(description="Why")
+    def reason(self, obj: IngestRefusal) -> str:
+        return "skipped: type not supported" if obj.skipped else f"{obj.error_code}: {obj.error}"

@@ -91,9 +91,7 @@ def _ingest_source(request: HttpRequest, form: DocumentSourceForm) -> bool:
 
 
 def _report(request: HttpRequest, report: IngestReport) -> None:
-    counts = {outcome: report.count(outcome) for outcome in ("created", "updated", "unchanged", "failed")}
-    summary = ", ".join(f"{count} {outcome}" for outcome, count in counts.items() if count)
-    messages.info(request, f"Ingested {len(report.items)} source(s): {summary or 'nothing found'}.")
+    messages.info(request, f"Ingested {len(report.items)} source(s): {report.summary or 'nothing found'}.")
     for item in report.failed[:20]:
         error = item.error.message if item.error else "failed"
         messages.error(request, f"Not ingested: {item.source_uri}: {error}")

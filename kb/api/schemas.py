@@ -16,13 +16,12 @@ from kb.models import COLLECTION_NAME_MAX_LENGTH, COLLECTION_NAME_PATTERN, Chunk
 from kb.search import SearchResponse
 from kb.selectors import MAX_OFFSET, Stats, collection_reembedding
 from kb.services.documents import StoredDocument
-from kb.services.ingest import IngestItem
+from kb.services.ingest import IngestItem, IngestReport, ItemOutcome
 
 ContentType = Literal[CONTENT_TYPES]  # type: ignore[valid-type]
 DocumentStatusName = Literal["pending", "processing", "ready", "failed"]
 Provider = Literal["local", "ollama", "openai"]
 Mode = Literal["hybrid", "semantic", "keyword"]
-Outcome = Literal["created", "updated", "unchanged", "failed"]
 CollectionName = Annotated[
     str,
     Path(
@@ -354,7 +353,7 @@ class UploadForm(InputSchema):
 
 class IngestItemOut(Schema):
     source_uri: str
-    outcome: Outcome
+    outcome: ItemOutcome
     doc_id: str | None
     status: DocumentStatusName | None
     chunks: int
@@ -391,6 +390,7 @@ class IngestOut(Schema):
     created: int
     updated: int
     unchanged: int
+    skipped: int = Field(description="Files of a folder whose type is not supported")
     failed: int
     items: list[IngestItemOut]
     # With wait=true: whether every document was searchable by meaning when the answer left.
@@ -398,14 +398,13 @@ class IngestOut(Schema):
 
     @classmethod
     def of(cls, collection: str, items: Sequence[IngestItem], searchable: bool | None = None) -> "IngestOut":
-        def count(outcome: str) -> int:
-            return sum(1 for item in items if item.outcome == outcome)
-
+        count = IngestReport(items=list(items)).count
         return cls(
             collection=collection,
             created=count("created"),
             updated=count("updated"),
             unchanged=count("unchanged"),
+            skipped=count("skipped"),
             failed=count("failed"),
             items=[IngestItemOut.of(item) for item in items],
             searchable=searchable,

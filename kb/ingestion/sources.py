@@ -51,8 +51,11 @@ class LoadedSource:
 
 @dataclass(frozen=True)
 class SkippedSource:
+    """A file of a folder that was not read: ``unsupported`` (its type) or refused (``error``)."""
+
     source_uri: str
     error: KBError
+    unsupported: bool = False
 
 
 def is_local_path_uri(uri: str) -> bool:
@@ -112,9 +115,13 @@ def iter_files(uri: str, *, roots: Sequence[Path], recursive: bool) -> Iterator[
     for directory, subdirectories, filenames in os.walk(real):
         subdirectories[:] = sorted(name for name in subdirectories if not name.startswith(".")) if recursive else []
         for name in sorted(filenames):
-            if name.startswith(".") or not (supported_extension(name) or name in KNOWN_TEXT_FILENAMES):
+            if name.startswith("."):  # hidden files (.DS_Store, .gitignore) are never content
                 continue
             candidate = Path(directory) / name
+            if not (supported_extension(name) or name in KNOWN_TEXT_FILENAMES):
+                unsupported = KBError(ErrorCode.INVALID_ARGUMENT, f"{name}: not a supported file type")
+                yield SkippedSource(source_uri=candidate.as_uri(), error=unsupported, unsupported=True)
+                continue
             try:
                 yield _load_file(confine(candidate, roots))
             except KBError as error:

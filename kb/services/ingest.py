@@ -8,7 +8,7 @@ request; embedded later by the Celery worker.
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from django.conf import settings
 from django.core.files import File
@@ -27,14 +27,16 @@ from kb.ingestion.sources import (
     load_data_uri,
     source_hash,
 )
-from kb.models import Collection, Document
+from kb.models import Collection, Document, IngestRefusal
 from kb.selectors import document_get
 from kb.services.collections import collection_get_or_create
 from kb.services.documents import StoredDocument, document_save, drafts_from_chunks, source_lock
 from kb.storable import check_storable
 from kb.work_lanes import bulk_work
 
-ItemOutcome = Literal["created", "updated", "unchanged", "failed"]
+# skipped: a file of a folder whose type is not supported; failed: refused with an error.
+ItemOutcome = Literal["created", "updated", "unchanged", "skipped", "failed"]
+OUTCOMES: tuple[ItemOutcome, ...] = get_args(ItemOutcome)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,13 @@ class IngestReport:
 
     def count(self, outcome: ItemOutcome) -> int:
         return sum(1 for item in self.items if item.outcome == outcome)
+
+    @property
+    def summary(self) -> str:
+        """``2 created, 1 failed, 3 unsupported files skipped`` (outcomes that happened)."""
+        named = {"skipped": "unsupported files skipped"}
+        counts = [(outcome, self.count(outcome)) for outcome in OUTCOMES]
+        return ", ".join(f"{count} {named.get(outcome, outcome)}" for outcome, count in counts if count)
 
     @property
     def documents(self) -> list[Document]:
@@ -139,7 +148,8 @@ def _ingest_many(
     report = IngestReport()
     for source in sources:
         if isinstance(source, SkippedSource):
-            item = IngestItem(source_uri=source.source_uri, outcome="failed", error=source.error)
+            outcome: ItemOutcome = "skipped" if source.unsupported else "failed"
+            item = IngestItem(source_uri=source.source_uri, outcome=outcome, error=source.error)
         else:
             try:
                 item = ingest_item(ingest_loaded(collection=collection, source=source, **options))
@@ -148,7 +158,37 @@ def _ingest_many(
         report.items.append(item)
         if on_item:
             on_item(item)
+    ingest_refusals_record(collection=collection, items=report.items)
     return report
+
+
+def ingest_refusals_record(*, collection: Collection, items: Sequence[IngestItem]) -> None:
+    """Keep the files that did not become documents where a curator looks (the newest KB_REFUSALS_KEPT)."""
+    refused = [
+        IngestRefusal(
+            collection=collection,
+            source_uri=_shown(item.source_uri, limit=2000),
+            skipped=item.outcome == "skipped",
+            error_code=item.error.code,
+            error=_shown(item.error.message, limit=2000),
+        )
+        for item in items
+        if item.error is not None
+    ]
+    if not refused:
+        return
+    IngestRefusal.objects.bulk_create(refused)
+    oldest_kept = IngestRefusal.objects.values_list("id", flat=True)[
+        settings.KB_REFUSALS_KEPT - 1 : settings.KB_REFUSALS_KEPT
+    ]
+    if oldest_kept:
+        IngestRefusal.objects.filter(id__lt=oldest_kept[0]).delete()
+
+
+def _shown(text: str, *, limit: int) -> str:
+    """Text about a refused file as it can be stored and shown: names may hold NUL characters or
+    lone surrogates, which Postgres refuses, and may be very long."""
+    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")[:limit]
 
 
 def document_ingest_upload(

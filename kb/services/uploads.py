@@ -7,7 +7,13 @@ from django.core.files import File
 
 from kb.errors import ErrorCode, KBError
 from kb.models import Collection
-from kb.services.ingest import IngestItem, IngestReport, document_ingest_upload, ingest_item
+from kb.services.ingest import (
+    IngestItem,
+    IngestReport,
+    document_ingest_upload,
+    ingest_item,
+    ingest_refusals_record,
+)
 
 
 def document_ingest_uploads(
@@ -29,9 +35,10 @@ def document_ingest_uploads(
                 collection=collection, filename=filename, data=upload, content_type=content_type, metadata=metadata
             )
         except KBError as error:
-            if len(uploads) == 1:
-                raise
-            report.items.append(IngestItem(source_uri=filename, outcome="failed", error=error))
+            report.items.append(IngestItem(source_uri=f"upload://{filename}", outcome="failed", error=error))
             continue
         report.items.append(ingest_item(stored))
+    ingest_refusals_record(collection=collection, items=report.items)
+    if len(uploads) == 1 and report.failed:
+        raise report.failed[0].error
     return report

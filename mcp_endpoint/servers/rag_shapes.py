@@ -241,6 +241,7 @@ class IngestOutput(TypedDict):
     status: str | None
     documents: list[IngestedDocument]
     failed: int
+    skipped: int  # files of a folder whose type is not supported
     # Set when the answer came before the chunks were searchable by meaning (KB_WRITE_WAIT_SECONDS).
     note: str | None
 
@@ -275,5 +276,6 @@ def ingest_output(*, collection: str, uri: str, report: IngestReport, note: str 
         status=single["status"] if single else None,
         documents=documents,
         failed=len(report.failed),
+        skipped=report.count("skipped"),
         note=note,
     )

@@ -234,7 +234,7 @@ def test_a_token_is_offered_only_the_tools_its_scope_allows(server_url):
 
 def test_health_shows_details_only_to_admins(client):
     anonymous = client.get("/health", headers=ELSEWHERE).json()
-    assert set(anonymous["checks"]) == {"database", "broker", "embedding"}
+    assert set(anonymous["checks"]) == {"database", "broker", "worker", "embedding"}
     assert all(set(check) == {"ok"} for check in anonymous["checks"].values()), anonymous
     assert "/" not in json.dumps(anonymous)
     _, reader = token_create(name="health reader", scope="read")

@@ -10,7 +10,7 @@ from kb.management.progress import Progress
 from kb.models import Collection, Document
 from kb.selectors import collection_get, documents_embedding_progress
 from kb.services.collections import collection_get_or_create
-from kb.services.ingest import IngestItem, command_line_file_roots, document_ingest
+from kb.services.ingest import IngestItem, IngestReport, command_line_file_roots, document_ingest
 
 POLL_SECONDS = 0.5
 
@@ -54,7 +54,7 @@ class Command(KBCommand):
             def record(item: IngestItem) -> None:
                 items.append(item)
                 progress.step(f"{item.outcome:9} {item.source_uri}")
-                if item.error:
+                if item.outcome == "failed":
                     progress.note(f"failed: {item.source_uri}: {item.error}")
 
             for source in sources:
@@ -90,18 +90,20 @@ class Command(KBCommand):
                 state = documents_embedding_progress(doc_ids=doc_ids)
 
     def _summarise(self, collection: Collection, items: list[IngestItem], embedding_failures: list[Document]) -> None:
-        counts = {outcome: sum(1 for item in items if item.outcome == outcome) for outcome in OUTCOMES}
-        self.stdout.write(
-            f"Collection {collection.name}: " + ", ".join(f"{counts[outcome]} {outcome}" for outcome in OUTCOMES)
-        )
-        for item in items:
-            if item.error:
-                self.stdout.write(f"  failed: {item.source_uri}: {item.error}")
+        report = IngestReport(items=items)
+        self.stdout.write(f"Collection {collection.name}: {report.summary or 'nothing found'}")
+        for item in report.failed:
+            self.stdout.write(f"  failed: {item.source_uri}: {item.error}")
+        skipped = [item.source_uri for item in items if item.outcome == "skipped"]
+        if skipped:
+            shown = ", ".join(uri.rsplit("/", 1)[-1] for uri in skipped[:SKIPPED_NAMED])
+            more = f" and {len(skipped) - SKIPPED_NAMED} more" if len(skipped) > SKIPPED_NAMED else ""
+            self.stdout.write(f"  skipped (type not supported): {shown}{more}")
         for document in embedding_failures:
             self.stdout.write(f"  embedding failed: {document.source_uri}: {document.error_code}: {document.error}")
 
 
-OUTCOMES = ("created", "updated", "unchanged", "failed")
+SKIPPED_NAMED = 10
 
 
 def _has_subfolders(source: str) -> bool:
