@@ -9,7 +9,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from kb.errors import ErrorCode
-from kb.models import Chunk, Document, DocumentStatus, Embedding
+from kb.models import Chunk, Document, DocumentStatus, Embedding, IngestRefusal
 from tests.support.admin_data import (
     WINGS,
     add_text,
@@ -129,6 +129,16 @@ def test_a_bad_file_is_reported_by_name_and_does_not_stop_the_others(admin_clien
     assert "Created: good.txt" in notes
     assert any(note.startswith("Not ingested: empty.txt: No text to index") and "LOAD_FAILED" in note for note in notes)
     assert list(Document.objects.values_list("source_uri", flat=True)) == ["upload://good.txt"]
+    # Not only flashed once: the dashboard lists it, with its reason.
+    dashboard = admin_client.get("/admin/").content.decode()
+    assert "upload://empty.txt" in dashboard and "LOAD_FAILED" in dashboard and "No text to index" in dashboard
+    alone = admin_client.post(
+        ADD,
+        {"form": "upload", "upload-collection": collection.pk, "upload-files": [SimpleUploadedFile("e.txt", b" ")]},
+        follow=True,
+    )
+    assert any(note.startswith("Not ingested: e.txt: No text to index") for note in messages_of(alone))
+    assert IngestRefusal.objects.filter(source_uri="upload://e.txt", collection=collection).exists()
 
 
 def test_the_upload_form_explains_what_is_missing(admin_client):

@@ -14,7 +14,8 @@ from kb.errors import KBError
 from kb.forms import DocumentSourceForm, DocumentUploadForm, PlaygroundForm
 from kb.models import Chunk, Collection, Document
 from kb.search import SearchResponse, search
-from kb.services.ingest import IngestReport, document_ingest, document_ingest_upload, network_file_roots
+from kb.services.ingest import IngestItem, IngestReport, document_ingest, network_file_roots
+from kb.services.uploads import document_ingest_uploads
 
 # --- adding documents -------------------------------------------------------------------------
 
@@ -53,23 +54,24 @@ def _only_collection() -> int | None:
 
 def _ingest_uploads(request: HttpRequest, form: DocumentUploadForm) -> bool:
     """Each file on its own: one bad file does not stop the others. True if any got in."""
-    data, stored = form.cleaned_data, 0
-    for upload in data["files"]:
-        try:
-            result = document_ingest_upload(
-                collection=data["collection"],
-                filename=upload.name,
-                data=upload,
-                content_type=data["content_type"] or None,
-                metadata=data["metadata"],
-            )
-        except KBError as error:
+    data = form.cleaned_data
+    try:
+        report = document_ingest_uploads(
+            collection=data["collection"],
+            uploads=data["files"],
+            content_type=data["content_type"] or None,
+            metadata=data["metadata"],
+        )
+    except KBError as error:  # the one file uploaded was refused
+        report = IngestReport(items=[IngestItem(source_uri=data["files"][0].name, outcome="failed", error=error)])
+    for item in report.items:
+        name = item.source_uri.removeprefix("upload://")
+        if item.error:
             # Messages start with a word: the admin capitalises their first letter (file names too).
-            messages.error(request, f"Not ingested: {upload.name}: {error.message} ({error.code})")
-            continue
-        stored += 1
-        messages.success(request, f"{result.outcome.capitalize()}: {upload.name}")
-    return stored > 0
+            messages.error(request, f"Not ingested: {name}: {item.error.message} ({item.error.code})")
+        else:
+            messages.success(request, f"{item.outcome.capitalize()}: {name}")
+    return bool(report.documents)
 
 
 def _ingest_source(request: HttpRequest, form: DocumentSourceForm) -> bool:
