@@ -125,6 +125,19 @@ def create_collection(page, base: str) -> None:
     page.goto(f"{base}/admin/kb/collection/add/")
     page.fill("#id_name", "handbook")
     page.fill("#id_description", "The staff handbook")
+    # The model field follows the provider's default (kb/collection_form.js), unless one was typed.
+    model = page.locator("#id_embedding_model_name")
+    assert model.input_value() == "all-MiniLM-L6-v2"
+    page.select_option("#id_embedding_provider", "ollama")
+    assert model.input_value() == "nomic-embed-text"
+    page.select_option("#id_embedding_provider", "openai")
+    assert model.input_value() == "text-embedding-3-small"
+    model.fill("my-own-model")
+    page.select_option("#id_embedding_provider", "ollama")
+    assert model.input_value() == "my-own-model"
+    model.fill("")
+    page.select_option("#id_embedding_provider", "local")  # blank: the provider's default again
+    assert model.input_value() == "all-MiniLM-L6-v2"
     page.click("input[name=_save]")
     page.wait_for_selector("text=was added successfully")
 
