@@ -29,7 +29,7 @@ def test_ingest_a_folder_wait_for_the_worker_then_find_the_passage(celery_worker
     write_mixed_folder(tmp_path / "docs")
     ingest = manage("kb_ingest", "./docs", "--collection", "docs", "--create", "--wait", cwd=tmp_path)
     assert ingest.returncode == 0, ingest.stdout + ingest.stderr + celery_worker.log()[-3000:]
-    assert "Collection docs: 6 created, 0 updated, 0 unchanged, 0 failed" in ingest.stdout
+    assert "Collection docs: 6 created\n" in ingest.stdout
     # Progress on a pipe: plain lines, no bar redrawn with carriage returns.
     assert "\r" not in ingest.stderr
     assert "Ingesting [6] created" in ingest.stderr
