@@ -60,7 +60,9 @@ def start_server() -> tuple[subprocess.Popen, str]:
         sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
         "--lifespan", "on", "--no-access-log",  # as kb.launcher starts it
     ]  # fmt: skip
-    log = open(ROOT / "var" / "bench" / "uvicorn-mcp.log", "wb")  # noqa: SIM115 - lives as long as the server
+    log_path = Path(os.environ["KB_VAR_DIR"], "uvicorn-mcp.log")  # setup_django has set it
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
     server = subprocess.Popen(command, cwd=ROOT, env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -69,7 +71,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
                 return server, f"http://127.0.0.1:{port}"
         time.sleep(0.2)
     server.kill()
-    raise SystemExit("uvicorn did not start: see var/bench/uvicorn-mcp.log")
+    raise SystemExit(f"uvicorn did not start: see {log_path}")
 
 
 async def client_latencies(

@@ -5,9 +5,10 @@ interactive lane alone) against the reference of a single worker for everything.
 Each write is SciRAG's store_document_chunks over Streamable HTTP (the server waits until the chunk
 is embedded, KB_WRITE_WAIT_SECONDS), followed at once by retrieve_document_chunks for the same text;
 the time is from sending the write to the answer of the search that finds it. The bulk import is
-`manage.py kb_ingest` of the Cranfield corpus as files, started just before the writes.
+`manage.py kb_ingest` of a shared corpus as files (DBpedia's 5,000 entities by default), started just
+before the writes.
 
-    .venv/bin/python bench/searchable.py [--writes 30] [--bulk 1400]
+    .venv/bin/python bench/searchable.py [--writes 100] [--bulk 5000] [--corpus dbpedia]
 """
 
 import argparse
@@ -70,10 +71,12 @@ def report(label: str, seconds: list[float], found: int) -> None:
           f"found at once {found}/{len(seconds)}")  # fmt: skip
 
 
-def bulk_pending(collection: str) -> int:
+def bulk_progress(collection: str) -> tuple[int, int]:
+    """Documents the import has stored so far, and how many of those still wait for embedding."""
     from kb.models import Document, DocumentStatus
 
-    return Document.objects.filter(collection__name=collection).exclude(status=DocumentStatus.READY).count()
+    documents = Document.objects.filter(collection__name=collection)
+    return documents.count(), documents.exclude(status=DocumentStatus.READY).count()
 
 
 def during_bulk_import(label: str, url: str, folder: Path, count: int) -> None:
@@ -81,21 +84,23 @@ def during_bulk_import(label: str, url: str, folder: Path, count: int) -> None:
     importer = start_bulk_import(folder, collection)
     time.sleep(5)
     report(label, *asyncio.run(writes(url, count, collection)))
-    print(f"  (bulk documents still waiting when the writes ended: {bulk_pending(collection)})")
+    stored, waiting = bulk_progress(collection)
+    print(f"  (when the writes ended the import had stored {stored} documents, {waiting} still waiting to embed)")
     importer.wait()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--writes", type=int, default=30)
-    parser.add_argument("--bulk", type=int, default=1400, help="documents in each bulk import")
+    parser.add_argument("--writes", type=int, default=100)
+    parser.add_argument("--bulk", type=int, default=5000, help="documents in each bulk import")
+    parser.add_argument("--corpus", default="dbpedia", help="shared set the bulk import's files come from")
     args = parser.parse_args()
     os.environ.setdefault("KB_WRITE_WAIT_SECONDS", "120")
     setup_django()
     from kb.services.collections import collection_get_or_create
 
     collection_get_or_create(name="notes")
-    corpus, _, _ = load_beir("cranfield")
+    corpus, _, _ = load_beir(args.corpus)
     server, base = bench_mcp.start_server()
     main_worker = start_worker("main", None)
     interactive = start_worker("interactive", "interactive")
@@ -106,8 +111,8 @@ def main() -> None:
         folder = ROOT / "var" / "bench" / "bulk-import"
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-        for document in corpus[: args.bulk]:
-            Path(folder, f"{document['_id']}.txt").write_text(f"{document['title']}\n\n{document['text']}")
+        for n, document in enumerate(corpus[: args.bulk]):  # ids may hold "/" (DBpedia's do)
+            Path(folder, f"{n:05d}.txt").write_text(f"{document['title']}\n\n{document['text']}")
         report("idle, interactive lane", *asyncio.run(writes(url, args.writes, f"idle{time.time():.0f}")))
 
         during_bulk_import("during a bulk import, interactive lane", url, folder, args.writes)
