@@ -247,11 +247,11 @@ KB_FETCH_ALLOWED_PRIVATE_HOSTS = env_list("KB_FETCH_ALLOWED_PRIVATE_HOSTS")
 KB_MAX_CHUNK_TOKENS = env_int("KB_MAX_CHUNK_TOKENS", 8192, minimum=16)
 
 # --- Search ---------------------------------------------------------------------------------
-KB_SEMANTIC_WEIGHT = env_float("KB_SEMANTIC_WEIGHT", 0.65, minimum=0.0, maximum=1.0)
+KB_SEMANTIC_WEIGHT = env_float("KB_SEMANTIC_WEIGHT", 0.7, minimum=0.0, maximum=1.0)
 # Longest query (characters) any door accepts; longer ones are INVALID_ARGUMENT.
 KB_MAX_QUERY_CHARS = env_int("KB_MAX_QUERY_CHARS", 10_000, minimum=100, maximum=1_000_000)
 KB_RRF_K = env_int("KB_RRF_K", 60, minimum=1)
-KB_BM25_K1 = env_float("KB_BM25_K1", 1.2, minimum=0.0)
+KB_BM25_K1 = env_float("KB_BM25_K1", 1.5, minimum=0.0)
 KB_BM25_B = env_float("KB_BM25_B", 0.75, minimum=0.0, maximum=1.0)
 KB_HNSW_EF_SEARCH = env_int("KB_HNSW_EF_SEARCH", 100, minimum=1, maximum=1000)
 KB_QUERY_CACHE_SIZE = env_int("KB_QUERY_CACHE_SIZE", 1024, minimum=0)

@@ -1,4 +1,4 @@
-"""Search: BM25 keyword ranking and pgvector similarity, fused with weighted Reciprocal Rank Fusion.
+"""Search: BM25 keyword ranking and pgvector similarity, fused by a convex combination of their scores.
 
 One service for every front door (admin playground, API, MCP, ``kb_search``):
 
@@ -9,18 +9,21 @@ One service for every front door (admin playground, API, MCP, ``kb_search``):
 - ``semantic``: cosine similarity with the HNSW index of each collection's embedding model,
   iterative index scans so that filtered queries still fill ``top_k``; an exact scan when a
   filter leaves few chunks.
-- ``hybrid`` (default): both lists, each ``candidate_depth`` deep, ranked by weighted RRF:
-  ``fused_score = 2w/(k + vector_rank) + 2(1-w)/(k + keyword_rank)``, so equal weights give the
-  classic RRF value.
+- ``hybrid`` (default): both lists, each ``candidate_depth`` deep; every chunk of either list
+  gets both its cosine and its BM25 and the union is ranked by ``score`` (below), a convex
+  combination of the two normalised by their theoretical ranges rather than by each query's
+  observed minimum and maximum (``fusion="convex"``). ``fusion="rrf"`` ranks by weighted
+  Reciprocal Rank Fusion instead (seed 002's contract).
 
 Every result's ``score`` is one relevance scale in [0, 1] whatever the mode, so that one threshold
 (``min_score``, or a client keeping ``score > 0.5``) means the same in each:
 ``score = w * clip(cosine, 0, 1) + (1 - w) * min(1, bm25 / full_match)``, where ``full_match`` is
 the BM25 value of a chunk of average length that holds every query term once (so 1.0 = all the
 query's words are there; terms found nowhere count against it too) and ``w`` is 1 for semantic, 0
-for keyword, the semantic weight for hybrid. Down a hybrid list a result's score is capped by the
-one above it, so scores never rise with the rank and a threshold cuts the list at one place. The
-raw values stay: ``similarity`` (cosine), ``keyword_score`` (BM25), ``fused_score`` (RRF, hybrid).
+for keyword, the semantic weight for hybrid. Under RRF order a result's score is capped by the one
+above it, so scores never rise with the rank and a threshold cuts the list at one place. The raw
+values stay: ``similarity`` (cosine), ``keyword_score`` (BM25), and in hybrid mode
+``fused_score``, the weighted RRF value ``2w/(k + vector_rank) + 2(1-w)/(k + keyword_rank)``.
 
 Filters fail closed: an unknown collection is an error, an empty list of documents matches
 nothing, an unknown operator is INVALID_ARGUMENT.
@@ -50,6 +53,7 @@ from kb.vector_index import vector_expression
 
 Mode = Literal["hybrid", "semantic", "keyword"]
 MODES = ("hybrid", "semantic", "keyword")
+FUSIONS = ("convex", "rrf")
 METADATA_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in")
 # Below this many chunks left by a filter, an exact vector scan beats walking the HNSW graph.
 EXACT_SCAN_LIMIT = 5000
@@ -142,6 +146,7 @@ def search(
     content_types: Sequence[str] | None = None,
     metadata: dict[str, Any] | None = None,
     candidate_depth: int | None = None,
+    fusion: str = "convex",
 ) -> SearchResponse:
     query = (query or "").strip()
     if not query:
@@ -154,6 +159,8 @@ def search(
     check_storable([query, metadata, document_ids, content_types, collections], what="search")
     if top_k is not None and not 1 <= top_k <= 100:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "top_k must be between 1 and 100")
+    if fusion not in FUSIONS:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"fusion must be one of {', '.join(FUSIONS)}")
     if mode is not None and mode not in MODES:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"mode must be one of {', '.join(MODES)}")
     if semantic_weight is not None and not 0.0 <= semantic_weight <= 1.0:
@@ -189,26 +196,33 @@ def search(
                     raise
                 warnings.append(f"Semantic search unavailable, keyword results only: {error.message}")
         fused = _fuse(keyword_hits, vector_hits, weight, mode)
+        chunk_ids = [chunk_id for chunk_id, _ in fused]
         similarities = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
         if min_similarity is not None or (mode == "hybrid" and vector_hits):
-            # Chunks found only by keyword still get their similarity (the query is embedded already).
-            wanted = fused if min_similarity is not None else fused[:top_k]
-            similarities.update(_similarities(query, targets, [c for c, _ in wanted if c not in similarities]))
+            # Chunks found only by keyword get their similarity too (the query is embedded already).
+            similarities.update(_similarities(query, targets, [c for c in chunk_ids if c not in similarities]))
+        keyword_scores = dict(keyword_hits)
+        if keyword and mode == "hybrid":  # found by meaning only: their BM25 counts towards the score
+            keyword_scores.update(keyword.scores([c for c in chunk_ids if c not in keyword_scores]))
+        # No vector list at all (provider down, nothing embedded yet): the score is keyword relevance.
+        relevance = _Relevance(keyword.full_match if keyword else 0.0, weight if vector_hits else 0.0)
+        scores = {c: relevance.of(similarities.get(c), keyword_scores.get(c, 0.0)) for c in chunk_ids}
+        if mode == "hybrid" and fusion == "convex":
+            # Ties (full keyword matches, where the keyword part is capped at 1) keep their RRF order.
+            rrf = dict(fused)
+            chunk_ids.sort(key=lambda chunk_id: (-scores[chunk_id], -rrf[chunk_id], chunk_id))
         candidates = [
-            (chunk_id, fused_score)
-            for chunk_id, fused_score in fused
+            chunk_id
+            for chunk_id in chunk_ids
             if min_similarity is None
             or (similarities.get(chunk_id) is not None and similarities[chunk_id] >= min_similarity)
         ][:top_k]
-        keyword_scores = dict(keyword_hits)
-        if keyword and mode == "hybrid":  # found by meaning only: their BM25 counts towards the score
-            keyword_scores.update(keyword.scores([c for c, _ in candidates if c not in keyword_scores]))
-        # No vector list at all (provider down, nothing embedded yet): the score is keyword relevance.
-        scoring_weight = weight if vector_hits else 0.0
-        scored = _scored(
-            candidates, similarities, keyword_scores, keyword.full_match if keyword else 0.0, scoring_weight
-        )
-        selected = [item for item in scored if min_score is None or item[2] >= min_score]
+        fused_values = dict(fused)
+        selected = [
+            (chunk_id, fused_values[chunk_id], score)
+            for chunk_id, score in _monotone(candidates, scores)
+            if min_score is None or score >= min_score
+        ]
         results = _results(selected, mode, keyword_scores, keyword_hits, vector_hits, similarities)
     return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=results, warnings=warnings)
 
@@ -608,21 +622,28 @@ def _fuse(
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
 
 
-def _scored(
-    candidates: list[tuple[int, float]],
-    similarities: dict[int, float],
-    keyword_scores: dict[int, float],
-    full_match: float,
-    weight: float,
-) -> list[tuple[int, float, float]]:
-    """(chunk id, fused score, score in [0, 1]) in rank order; see the module's docstring."""
-    scored, ceiling = [], 1.0
-    for chunk_id, fused_score in candidates:
-        semantic = min(1.0, max(0.0, similarities.get(chunk_id) or 0.0))
-        keyword = min(1.0, keyword_scores.get(chunk_id, 0.0) / full_match) if full_match else 0.0
-        ceiling = min(ceiling, weight * semantic + (1 - weight) * keyword)
-        scored.append((chunk_id, fused_score, ceiling))
-    return scored
+@dataclass(frozen=True)
+class _Relevance:
+    """The [0, 1] score: ``w * clip(cosine, 0, 1) + (1 - w) * min(1, bm25 / full_match)``."""
+
+    full_match: float
+    weight: float
+
+    def of(self, similarity: float | None, bm25: float) -> float:
+        semantic = min(1.0, max(0.0, similarity or 0.0))
+        keyword = min(1.0, bm25 / self.full_match) if self.full_match else 0.0
+        # Rounded as results show it, so a score read from a result is a threshold that keeps it.
+        return round(self.weight * semantic + (1 - self.weight) * keyword, 6)
+
+
+def _monotone(ranked: list[int], scores: dict[int, float]) -> list[tuple[int, float]]:
+    """(chunk id, score) in rank order, each score capped by the one above it: under RRF order a
+    score could otherwise rise down the list (under convex fusion the cap changes nothing)."""
+    capped, ceiling = [], 1.0
+    for chunk_id in ranked:
+        ceiling = min(ceiling, scores[chunk_id])
+        capped.append((chunk_id, ceiling))
+    return capped
 
 
 def _results(
@@ -658,7 +679,7 @@ def _results(
         results.append(
             SearchResult(
                 rank=len(results) + 1,
-                score=round(score, 6),
+                score=score,
                 fused_score=round(float(fused_score), 6) if mode == "hybrid" else None,
                 similarity=_rounded(similarities.get(chunk_id)),
                 vector_rank=vector[0] if vector else None,

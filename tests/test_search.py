@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
 
 from kb import search as search_module
@@ -51,8 +52,9 @@ def names(response) -> list[str]:
     return [result.source_uri.removeprefix("note://") for result in response.results]
 
 
-def reference_bm25(query: str, collection_id: int, k1: float = 1.2, b: float = 0.75) -> dict[int, float]:
+def reference_bm25(query: str, collection_id: int) -> dict[int, float]:
     """BM25 computed naively in Python from the chunks' own tsvectors, to check the pruned SQL."""
+    k1, b = django_settings.KB_BM25_K1, django_settings.KB_BM25_B
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT c.id, t.lexeme, coalesce(array_length(t.positions, 1), 1) FROM kb_chunk c, unnest(c.search_vector) t "
@@ -134,8 +136,9 @@ def test_hybrid_results_carry_every_field_and_the_fused_rrf_value(corpus, settin
     assert as_dict["lines"] == "1-1" and as_dict["collection"] == "aero" and as_dict["metadata"]["topic"] == "boundary"
 
 
-def keyword_relevance(query: str, collection_id: int, bm25: float, k1: float = 1.2) -> float:
+def keyword_relevance(query: str, collection_id: int, bm25: float) -> float:
     """BM25 over that of an average-length chunk holding every query term once, at most 1."""
+    k1 = django_settings.KB_BM25_K1
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM kb_chunk WHERE collection_id = %s", [collection_id])
         (n,) = cursor.fetchone()
@@ -164,6 +167,40 @@ def test_the_score_is_one_scale_from_0_to_1_that_never_rises_down_the_list(corpu
     weight = response.semantic_weight
     assert first.score == pytest.approx(weight * semantic + (1 - weight) * keyword, abs=2e-6)
     assert (first.fused_score is None) == (mode != "hybrid")
+
+
+def test_hybrid_ranks_every_candidate_by_its_score_and_rrf_fusion_by_the_rrf_value(corpus):
+    collection, _ = corpus
+    query = "shock wave temperature of the flow"
+    convex = search(query=query, collections=["aero"], top_k=6)
+    assert len(convex.results) >= 4
+    weight = convex.semantic_weight
+    for result in convex.results:  # the exact value of each, not capped by the one above
+        keyword = keyword_relevance(query, collection.pk, result.keyword_score or 0.0)
+        expected = weight * max(0.0, result.similarity) + (1 - weight) * keyword
+        assert result.score == pytest.approx(expected, abs=2e-6)
+    assert [r.score for r in convex.results] == sorted((r.score for r in convex.results), reverse=True)
+    rrf = search(query=query, collections=["aero"], top_k=6, fusion="rrf")
+    fused = [result.fused_score for result in rrf.results]
+    assert fused == sorted(fused, reverse=True) and [r.score for r in rrf.results] == sorted(
+        (r.score for r in rrf.results), reverse=True
+    )
+    assert {r.chunk_id for r in rrf.results} & {r.chunk_id for r in convex.results}
+
+
+@pytest.mark.parametrize(("weight", "mode"), [(0.0, "keyword"), (1.0, "semantic")])
+def test_hybrid_at_either_end_of_the_weight_is_that_half_alone(corpus, weight, mode):
+    query = "shock wave temperature of the flow"
+    hybrid = search(query=query, collections=["aero"], top_k=6, semantic_weight=weight)
+    alone = search(query=query, collections=["aero"], top_k=6, mode=mode)
+    assert [r.chunk_id for r in hybrid.results] == [r.chunk_id for r in alone.results]
+    assert len(alone.results) >= 3
+
+
+def test_an_unknown_fusion_is_refused(corpus):
+    with pytest.raises(KBError) as caught:
+        search(query="flutter", collections=["aero"], fusion="borda")
+    assert caught.value.code == ErrorCode.INVALID_ARGUMENT
 
 
 def test_a_chunk_holding_every_query_word_scores_high_in_keyword_mode_and_missing_words_count_against_it(corpus):

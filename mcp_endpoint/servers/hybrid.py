@@ -41,6 +41,7 @@ def search_documents(
         top_k=top_k,
         mode="hybrid",
         semantic_weight=SEMANTIC_WEIGHT,
+        fusion="rrf",  # the seed orders by its RRF score
     )
     hits = [
         HybridHit(
