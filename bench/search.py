@@ -38,6 +38,7 @@ def corpus_files() -> list[Path]:
 
 
 MODELS_DIR = ROOT / "var" / "bench" / "models"
+MODES = ("semantic", "keyword", "hybrid", "hybrid-rrf")
 os.environ.setdefault("KB_LOCAL_MODELS_DIR", str(MODELS_DIR))
 
 
@@ -168,12 +169,14 @@ def sample_queries(collection: str, count: int) -> list[str]:
 
 
 def latency(collection: str, queries: list[str], mode: str) -> tuple[float, float]:
+    """p50 and p95 in ms; ``hybrid-rrf`` is hybrid ranked by RRF (the fusion before convex, as reference)."""
     from kb.search import search
 
+    mode, _, fusion = mode.partition("-")
     seconds = []
     for query in queries:
         started = time.perf_counter()
-        search(query=query, collections=[collection], top_k=10, mode=mode)
+        search(query=query, collections=[collection], top_k=10, mode=mode, fusion="rrf" if fusion else "convex")
         seconds.append(time.perf_counter() - started)
     return percentile(seconds, 0.5) * 1000, percentile(seconds, 0.95) * 1000
 
@@ -289,20 +292,21 @@ def main() -> None:
                 query_embeddings.vector(model, query)
         embed_ms = embed_timer.seconds / len(queries) * 1000
         print(f"  query embedding (local model, excluded below): {embed_ms:.1f} ms per query")
-        figures = {mode: latency(collection, queries, mode) for mode in ("semantic", "keyword", "hybrid")}
+        figures = {mode: latency(collection, queries, mode) for mode in MODES}
         recall = hnsw_recall(collection, queries[:100])
         agreement = bm25_agreement(collection, queries)
         for mode, (p50, p95) in figures.items():
-            print(f"  {mode:<9} p50 {p50:6.1f} ms   p95 {p95:6.1f} ms")
+            print(f"  {mode:<10} p50 {p50:6.1f} ms   p95 {p95:6.1f} ms")
         print(f"  HNSW recall@10 vs exact: {recall:.3f}   keyword top-10 equal to exact BM25: {agreement:.1%}")
         rows.append((size, figures, recall, agreement, embed_ms))
     print(f"\nchunk vectors: {args.vectors}; KB_HNSW_EF_SEARCH={settings.KB_HNSW_EF_SEARCH}")
     print(
-        "\n| chunks | semantic p50/p95 | keyword p50/p95 | hybrid p50/p95 | HNSW recall@10 | BM25 top-10 exact | query embedding |"
+        "\n| chunks | semantic p50/p95 | keyword p50/p95 | hybrid p50/p95 | hybrid, RRF p50/p95 | HNSW recall@10 "
+        "| BM25 top-10 exact | query embedding |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for size, figures, recall, agreement, embed_ms in rows:
-        cells = " | ".join(f"{figures[m][0]:.1f} / {figures[m][1]:.1f} ms" for m in ("semantic", "keyword", "hybrid"))
+        cells = " | ".join(f"{figures[m][0]:.1f} / {figures[m][1]:.1f} ms" for m in MODES)
         print(f"| {size:,} | {cells} | {recall:.3f} | {agreement:.0%} | {embed_ms:.1f} ms |")
 
 

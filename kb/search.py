@@ -197,16 +197,18 @@ def search(
                 warnings.append(f"Semantic search unavailable, keyword results only: {error.message}")
         fused = _fuse(keyword_hits, vector_hits, weight, mode)
         chunk_ids = [chunk_id for chunk_id, _ in fused]
+        # Convex fusion ranks every candidate by both scores; RRF needs them only for what it shows.
+        completed = chunk_ids if fusion == "convex" or min_similarity is not None else chunk_ids[:top_k]
         similarities = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
         if min_similarity is not None or (mode == "hybrid" and vector_hits):
             # Chunks found only by keyword get their similarity too (the query is embedded already).
-            similarities.update(_similarities(query, targets, [c for c in chunk_ids if c not in similarities]))
+            similarities.update(_similarities(query, targets, [c for c in completed if c not in similarities]))
         keyword_scores = dict(keyword_hits)
         if keyword and mode == "hybrid":  # found by meaning only: their BM25 counts towards the score
-            keyword_scores.update(keyword.scores([c for c in chunk_ids if c not in keyword_scores]))
+            keyword_scores.update(keyword.scores([c for c in completed if c not in keyword_scores]))
         # No vector list at all (provider down, nothing embedded yet): the score is keyword relevance.
         relevance = _Relevance(keyword.full_match if keyword else 0.0, weight if vector_hits else 0.0)
-        scores = {c: relevance.of(similarities.get(c), keyword_scores.get(c, 0.0)) for c in chunk_ids}
+        scores = {c: relevance.of(similarities.get(c), keyword_scores.get(c, 0.0)) for c in completed}
         if mode == "hybrid" and fusion == "convex":
             # Ties (full keyword matches, where the keyword part is capped at 1) keep their RRF order.
             rrf = dict(fused)
