@@ -444,7 +444,9 @@ class SearchIn(InputSchema):
 class SearchResultOut(Schema):
     rank: int
     score: float = Field(description="Relevance from 0 to 1, on one scale in every mode (README, Search)")
-    fused_score: float | None = Field(description="The weighted RRF value results are ranked by (hybrid only)")
+    fused_score: float | None = Field(
+        description="The weighted Reciprocal Rank Fusion value (hybrid only); hybrid results are ranked by score"
+    )
     similarity: float | None
     vector_rank: int | None
     keyword_rank: int | None

@@ -102,6 +102,30 @@ def test_offsets_past_bigint_are_invalid_arguments_not_database_errors(client):
     assert api_error(get(client, "/api/collections/c/documents", offset=offset)) == (400, "INVALID_ARGUMENT")
 
 
+NUL_LOOKUPS = {
+    "rag_delete": {"doc_id": "01HRE4KXQN8Z3J2X5Y7A9B4C6\x00"},
+    "rag_list_documents": {"collection": "a\x00b"},
+    "rag_stats": {"collection": "a\x00b"},
+    "rag_ingest": {"uri": "data:,hello", "collection": "a\x00b"},
+    "rag_get_document": {"doc_id": "nul\x00"},
+}
+
+
+@pytest.mark.parametrize("tool", sorted(NUL_LOOKUPS))
+def test_a_nul_in_an_id_or_a_collection_name_is_invalid_argument_not_a_database_error(client, tool):
+    collection_create(name="c")
+    before = counts()
+    mcp = error_of(call(CANONICAL, tool, NUL_LOOKUPS[tool]))
+    assert mcp == {"code": "INVALID_ARGUMENT", "message": "Text values cannot contain NUL (0x00) characters"}
+    assert counts() == before
+
+
+def test_a_nul_in_a_rest_path_is_invalid_argument(client):
+    collection_create(name="c")
+    for path in ("/api/collections/a%00b/documents", "/api/documents/nul%00"):
+        assert api_error(get(client, path)) == (400, "INVALID_ARGUMENT"), path
+
+
 @pytest.mark.parametrize("name", ["t1\n", "t1\r\n", "\nt1", "t 1", "t1\x00"])
 def test_a_collection_name_must_be_the_whole_name(client, name):
     before = counts()
