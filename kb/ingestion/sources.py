@@ -17,6 +17,7 @@ import binascii
 import hashlib
 import ipaddress
 import os
+import re
 import socket
 import ssl
 import stat
@@ -269,6 +270,8 @@ def _checked_target(url: str, *, malformed: ErrorCode) -> _Target:
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         host = parts.hostname.encode("idna").decode("ascii")  # the name DNS, the Host header and TLS see
+        if not _HOST_NAME.fullmatch(host):
+            ipaddress.ip_address(host)  # an IP literal is the one other form a host may take
     except ValueError:  # UnicodeError included
         raise KBError(malformed, f"The URL has an invalid port or host name: {url}") from None
     try:
@@ -284,6 +287,11 @@ def _checked_target(url: str, *, malformed: ErrorCode) -> _Target:
                 "(allow intranet hosts with KB_FETCH_ALLOWED_PRIVATE_HOSTS)",
             )
     return _Target(host=host, port=port, address=addresses[0])
+
+
+# DNS labels (letters, digits, hyphens; underscores as some intranets use them), dot-separated.
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"(?:{_LABEL}\.)*{_LABEL}\.?")
 
 
 def _split_url(url: str) -> SplitResult:

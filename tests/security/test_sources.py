@@ -68,6 +68,9 @@ def refused(collection, uri: str, code: ErrorCode, roots: list[Path] | None = No
         "http://[::1]:1:2/",
         "http://a..b/x",  # host names IDNA cannot encode: an empty label, one over 63 characters
         f"http://{'a' * 64}.org/x",
+        "http://exa mple.com/x",  # characters no host name holds, before any DNS look-up
+        "http://exa%20mple.com/x",
+        "https://a_b!.example/x",
     ],
 )
 def test_a_malformed_url_is_invalid_uri(collection, loopback_allowed, uri):
