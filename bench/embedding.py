@@ -101,7 +101,7 @@ def main() -> None:
     lengths = [len(encoding.ids) for encoding in tokenizer.encode_batch(chunks)]
     print(
         f"{len(chunks)} Cranfield chunks, word pieces mean {sum(lengths) / len(lengths):.0f}, max {max(lengths)} "
-        f"(truncated at {embeddings.MAX_WORD_PIECES}); {len(queries)} queries; EMBEDDING_BATCH_SIZE "
+        f"(read in windows of {embeddings.MAX_WORD_PIECES}); {len(queries)} queries; EMBEDDING_BATCH_SIZE "
         f"{settings.EMBEDDING_BATCH_SIZE}, ONNX batch {onnx.batch_size}, ONNX threads {onnx.threads}, "
         f"{os.cpu_count()} cores"
     )

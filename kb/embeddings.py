@@ -31,6 +31,7 @@ PACKAGED_TOKENIZER = Path(__file__).resolve().parent / "embedding_data" / PACKAG
 PACKAGED_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 MINILM_DIMENSIONS = 384
 MAX_WORD_PIECES = 256  # the model's max_seq_length, [CLS] and [SEP] included
+WINDOW_OVERLAP = 32  # word pieces two windows of a longer text share
 # Texts per ONNX run, after sorting by length. On 2 cores small runs were fastest for every text
 # length tried (4: 43 chunks/s on ~190-piece chunks, 16: 36, 32: 29; see bench/embedding.py).
 ONNX_BATCH_SIZE = 4
@@ -62,9 +63,12 @@ class OnnxMiniLMEmbedder:
     min 0.998, mean 0.9995 over 800 Cranfield and CISI chunks, ``bench/embedding.py``), so they
     share its name and space: vectors stored by the torch model stay valid.
 
-    A text is cut at ``MAX_WORD_PIECES`` (256) word pieces, [CLS] and [SEP] included, as the
-    model was trained and as sentence-transformers does: the tail of a longer chunk does not
-    reach its vector (it is still searched by keyword).
+    The model reads at most ``MAX_WORD_PIECES`` (256) word pieces, [CLS] and [SEP] included. A
+    longer text (a 512-token chunk, a caller's 500-word chunk) is read in windows of that size,
+    overlapping by ``WINDOW_OVERLAP`` pieces, and its vector is the mean of every window's token
+    states weighted by their counts, then L2-normalised: the whole text reaches its vector, where
+    sentence-transformers would cut it off at 256 pieces. A text within one window gets exactly
+    the model's own vector.
 
     Texts are tokenised together, sorted by length and run in batches of ``batch_size``, so a
     batch pads to similar lengths. One ONNX session serves the whole process (``run`` is
@@ -87,27 +91,29 @@ class OnnxMiniLMEmbedder:
         if self._model_file is None:
             self._model_file = str(local_model_path(self.model_name))
         session, tokenizer = _onnx_runtime(self._model_file, self.threads)
-        encodings = tokenizer.encode_batch(list(texts))
-        vectors = np.empty((len(encodings), MINILM_DIMENSIONS), dtype=np.float32)
-        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+        # One row per window: a text longer than the model's window has overflowing encodings.
+        windows, owners = [], []
+        for index, encoding in enumerate(tokenizer.encode_batch(list(texts))):
+            for window in (encoding, *encoding.overflowing):
+                windows.append(window.ids)
+                owners.append(index)
+        sums = np.zeros((len(texts), MINILM_DIMENSIONS), dtype=np.float32)
+        order = sorted(range(len(windows)), key=lambda i: len(windows[i]))
         for start in range(0, len(order), self.batch_size):
             rows = order[start : start + self.batch_size]
-            width = len(encodings[rows[-1]].ids)
+            width = len(windows[rows[-1]])
             ids = np.zeros((len(rows), width), dtype=np.int64)
             mask = np.zeros((len(rows), width), dtype=np.int64)
             for row, index in enumerate(rows):
-                piece_ids = encodings[index].ids
-                ids[row, : len(piece_ids)] = piece_ids
-                mask[row, : len(piece_ids)] = 1
+                ids[row, : len(windows[index])] = windows[index]
+                mask[row, : len(windows[index])] = 1
             (hidden,) = session.run(
                 ["last_hidden_state"],
                 {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
             )
-            weights = mask[:, :, None].astype(np.float32)
-            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
-            norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-            vectors[rows] = pooled / norms
-        return vectors
+            # Sum of token states per window, added to its text's: the mean over all tokens follows.
+            np.add.at(sums, [owners[index] for index in rows], (hidden * mask[:, :, None]).sum(axis=1))
+        return sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
 
 
 class SentenceTransformerEmbedder:
@@ -208,7 +214,7 @@ def _onnx_load(model_file: str, threads: int) -> tuple[Any, Any]:
     options.log_severity_level = 3  # errors only
     session = onnxruntime.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
     tokenizer = Tokenizer.from_file(str(PACKAGED_TOKENIZER))
-    tokenizer.enable_truncation(max_length=MAX_WORD_PIECES)
+    tokenizer.enable_truncation(max_length=MAX_WORD_PIECES, stride=WINDOW_OVERLAP)
     tokenizer.no_padding()  # batches are padded after sorting by length
     return session, tokenizer
 
