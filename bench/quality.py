@@ -86,9 +86,12 @@ def evaluate(
 
 
 def bm25s_reference(corpus: list[dict], queries: list[dict]) -> dict[str, list[str]]:
+    import logging
+
     import bm25s
     import Stemmer
 
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs each index build at DEBUG
     stemmer = Stemmer.Stemmer("english")
     ids = [row["_id"] for row in corpus]
     tokens = bm25s.tokenize(
