@@ -197,8 +197,15 @@ def search(
                 warnings.append(f"Semantic search unavailable, keyword results only: {error.message}")
         fused = _fuse(keyword_hits, vector_hits, weight, mode)
         chunk_ids = [chunk_id for chunk_id, _ in fused]
-        # Convex fusion ranks every candidate by both scores; RRF needs them only for what it shows.
-        completed = chunk_ids if fusion == "convex" or min_similarity is not None else chunk_ids[:top_k]
+        # No vector list at all (provider down, nothing embedded yet): the score is keyword relevance.
+        relevance = _Relevance(keyword.full_match if keyword else 0.0, weight if vector_hits else 0.0)
+        if min_similarity is not None:
+            completed = chunk_ids
+        elif mode == "hybrid" and fusion == "convex":
+            one_model = len(_by_model(targets)) == 1
+            completed = _contenders(chunk_ids, keyword_hits, vector_hits, relevance, top_k, depth, one_model)
+        else:  # RRF needs both scores only for what it shows
+            completed = chunk_ids[:top_k]
         similarities = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
         if min_similarity is not None or (mode == "hybrid" and vector_hits):
             # Chunks found only by keyword get their similarity too (the query is embedded already).
@@ -206,9 +213,7 @@ def search(
         keyword_scores = dict(keyword_hits)
         if keyword and mode == "hybrid":  # found by meaning only: their BM25 counts towards the score
             keyword_scores.update(keyword.scores([c for c in completed if c not in keyword_scores]))
-        # No vector list at all (provider down, nothing embedded yet): the score is keyword relevance.
-        relevance = _Relevance(keyword.full_match if keyword else 0.0, weight if vector_hits else 0.0)
-        scores = {c: relevance.of(similarities.get(c), keyword_scores.get(c, 0.0)) for c in completed}
+        scores = {c: relevance.of(similarities.get(c), keyword_scores.get(c, 0.0)) for c in chunk_ids}
         if mode == "hybrid" and fusion == "convex":
             # Ties (full keyword matches, where the keyword part is capped at 1) keep their RRF order.
             rrf = dict(fused)
@@ -636,6 +641,31 @@ class _Relevance:
         keyword = min(1.0, bm25 / self.full_match) if self.full_match else 0.0
         # Rounded as results show it, so a score read from a result is a threshold that keeps it.
         return round(self.weight * semantic + (1 - self.weight) * keyword, 6)
+
+
+def _contenders(
+    chunk_ids: list[int],
+    keyword_hits: list[tuple[int, float]],
+    vector_hits: dict[int, tuple[int, float]],
+    relevance: _Relevance,
+    top_k: int,
+    depth: int,
+    one_model: bool,
+) -> list[int]:
+    """The candidates found by one half only whose other half could still lift them into the top k:
+    only these are looked up. A chunk missing from a full keyword list has at most that list's
+    last BM25 (the keyword top is exact), from a shorter one none. A chunk missing from one
+    model's full vector list is at most as similar as its last chunk (as far as the index's recall
+    goes); otherwise nothing is assumed."""
+    bm25 = dict(keyword_hits)
+    cosine = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
+    half_found = [c for c in chunk_ids if c not in bm25 or c not in cosine]
+    if len(chunk_ids) <= top_k:
+        return half_found
+    bm25_cap = keyword_hits[-1][1] if len(keyword_hits) >= depth else 0.0
+    cosine_cap = min(cosine.values()) if one_model and len(cosine) >= depth else 1.0
+    threshold = sorted((relevance.of(cosine.get(c), bm25.get(c, 0.0)) for c in chunk_ids), reverse=True)[top_k - 1]
+    return [c for c in half_found if relevance.of(cosine.get(c, cosine_cap), bm25.get(c, bm25_cap)) >= threshold]
 
 
 def _monotone(ranked: list[int], scores: dict[int, float]) -> list[tuple[int, float]]:

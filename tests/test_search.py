@@ -188,6 +188,35 @@ def test_hybrid_ranks_every_candidate_by_its_score_and_rrf_fusion_by_the_rrf_val
     assert {r.chunk_id for r in rrf.results} & {r.chunk_id for r in convex.results}
 
 
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_hybrid_looks_up_only_the_candidates_that_can_reach_the_top_and_ranks_as_if_it_looked_up_all(
+    corpus, monkeypatch, top_k
+):
+    monkeypatch.setattr(search_module, "MIN_CANDIDATE_DEPTH", 3)  # full lists: the bounds are used
+    queries = ["shock wave temperature of the flow", "boundary layer", "baking bread in an oven", "flutter speed"]
+    pruned = {q: search(query=q, collections=["aero"], top_k=top_k).results for q in queries}
+    everything = search_module._contenders
+    monkeypatch.setattr(
+        search_module,
+        "_contenders",
+        lambda ids, kw, vec, *rest: everything(ids, kw, vec, *rest[:1], len(ids), *rest[2:]),
+    )
+    for query in queries:
+        reference = search(query=query, collections=["aero"], top_k=top_k).results
+        assert [(r.chunk_id, r.score) for r in pruned[query]] == [(r.chunk_id, r.score) for r in reference], query
+        assert len(reference) == top_k
+
+
+@pytest.mark.parametrize(("top_k", "looked_up"), [(1, [4]), (2, [4, 2])])
+def test_a_candidate_is_looked_up_when_its_missing_half_could_still_lift_it_into_the_top(top_k, looked_up):
+    relevance = search_module._Relevance(full_match=1.0, weight=0.5)
+    keyword_hits = [(1, 0.9), (2, 0.8), (3, 0.7)]  # a full list (depth 3): a missing chunk has BM25 <= 0.7
+    vector_hits = {4: (1, 0.9), 1: (2, 0.2), 5: (3, 0.1)}  # and cosine <= 0.1
+    # Known so far: 1 scores 0.55 (both halves); 4 at least 0.45 and at most 0.8; 2 0.4..0.45; 3 and 5 below.
+    found = search_module._contenders([1, 4, 2, 3, 5], keyword_hits, vector_hits, relevance, top_k, 3, True)
+    assert found == looked_up
+
+
 @pytest.mark.parametrize(("weight", "mode"), [(0.0, "keyword"), (1.0, "semantic")])
 def test_hybrid_at_either_end_of_the_weight_is_that_half_alone(corpus, weight, mode):
     query = "shock wave temperature of the flow"
