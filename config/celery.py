@@ -20,8 +20,13 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
-class SweepStaleDocuments(bootsteps.StartStopStep):
+class _Repeating(bootsteps.StartStopStep):
+    """Runs ``tick`` at start and every ``interval_setting`` seconds while the worker consumes.
+    A failing tick is logged, never raised: it must not stop the worker, and the next one retries."""
+
     requires = {"celery.worker.consumer.tasks:Tasks"}
+    interval_setting = ""
+    failure = ""
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
@@ -30,67 +35,67 @@ class SweepStaleDocuments(bootsteps.StartStopStep):
     def start(self, parent: Any) -> None:
         from django.conf import settings
 
-        self.sweep()
-        self.timer_entry = parent.timer.call_repeatedly(settings.KB_SWEEP_INTERVAL_SECONDS, self.sweep, priority=10)
+        self.prepare(parent)
+        self._quietly(self.tick)
+        interval = getattr(settings, self.interval_setting)
+        self.timer_entry = parent.timer.call_repeatedly(interval, self._quietly, (self.tick,), priority=10)
 
     def stop(self, parent: Any) -> None:
         if self.timer_entry is not None:
             self.timer_entry.cancel()
+            self._quietly(self.finish)
 
-    def sweep(self) -> None:
-        from django.db import close_old_connections
+    def prepare(self, parent: Any) -> None:
+        """What ``tick`` needs from the worker, read once at start."""
 
-        from kb.tasks import sweep_stale_documents
+    def tick(self) -> None:
+        raise NotImplementedError
 
-        try:
-            sweep_stale_documents()
-        except Exception:  # a sweep must never stop the worker; the next one retries
-            logger.exception("sweep for stale documents failed")
-        finally:
-            close_old_connections()
+    def finish(self) -> None:
+        """What a clean stop leaves behind."""
 
-
-class Heartbeat(bootsteps.StartStopStep):
-    """Renew this worker's row in kb_workerheartbeat (hostname, queues) while it consumes."""
-
-    requires = {"celery.worker.consumer.tasks:Tasks"}
-
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self.timer_entry = None
-
-    def start(self, parent: Any) -> None:
-        from django.conf import settings
-
-        self.hostname = parent.hostname
-        self.queues = [queue.name for queue in parent.app.amqp.queues.consume_from.values()]
-        self.beat()
-        self.timer_entry = parent.timer.call_repeatedly(settings.KB_WORKER_HEARTBEAT_SECONDS, self.beat, priority=10)
-
-    def stop(self, parent: Any) -> None:
-        if self.timer_entry is not None:
-            self.timer_entry.cancel()
-            self._quietly(lambda: _workers().worker_gone(hostname=self.hostname))
-
-    def beat(self) -> None:
-        self._quietly(lambda: _workers().worker_beat(hostname=self.hostname, queues=self.queues))
-
-    @staticmethod
-    def _quietly(action: Any) -> None:
+    def _quietly(self, action: Any) -> None:
         from django.db import close_old_connections
 
         try:
             action()
-        except Exception:  # the database may be down: /health says so; the next beat retries
-            logger.warning("worker heartbeat failed", exc_info=True)
+        except Exception:  # the database may be down: /health says so
+            logger.warning(self.failure, exc_info=True)
         finally:
             close_old_connections()
 
 
-def _workers() -> Any:
-    from kb.services import workers
+class SweepStaleDocuments(_Repeating):
+    """Re-queue documents left pending or processing (lost tasks, dead workers, a broker outage)."""
 
-    return workers
+    interval_setting = "KB_SWEEP_INTERVAL_SECONDS"
+    failure = "sweep for stale documents failed"
+
+    def tick(self) -> None:
+        from kb.tasks import sweep_stale_documents
+
+        sweep_stale_documents()
+
+
+class Heartbeat(_Repeating):
+    """Renew this worker's row in kb_workerheartbeat (hostname, queues) while it consumes."""
+
+    interval_setting = "KB_WORKER_HEARTBEAT_SECONDS"
+    failure = "worker heartbeat failed"
+
+    def prepare(self, parent: Any) -> None:
+        self.hostname = parent.hostname
+        self.queues = [queue.name for queue in parent.app.amqp.queues.consume_from.values()]
+
+    def tick(self) -> None:
+        from kb.services.workers import worker_beat
+
+        worker_beat(hostname=self.hostname, queues=self.queues)
+
+    def finish(self) -> None:
+        from kb.services.workers import worker_gone
+
+        worker_gone(hostname=self.hostname)
 
 
 app.steps["consumer"].add(SweepStaleDocuments)

@@ -22,14 +22,18 @@ class RetryableEmbeddingError(Exception):
     pass
 
 
-@shared_task(
-    acks_late=True,
-    autoretry_for=(RetryableEmbeddingError,),
-    retry_backoff=2,
-    retry_backoff_max=300,
-    retry_jitter=True,
-    max_retries=settings.EMBEDDING_MAX_RETRIES,
-)
+# A provider error that may pass is retried with exponential backoff, up to EMBEDDING_MAX_RETRIES.
+RETRIED_WITH_BACKOFF = {
+    "acks_late": True,
+    "autoretry_for": (RetryableEmbeddingError,),
+    "retry_backoff": 2,
+    "retry_backoff_max": 300,
+    "retry_jitter": True,
+    "max_retries": settings.EMBEDDING_MAX_RETRIES,
+}
+
+
+@shared_task(**RETRIED_WITH_BACKOFF)
 def embed_document(document_id: str) -> str:
     if not embedding.document_claim(doc_id=document_id):
         return "skipped"
@@ -55,14 +59,7 @@ def embed_document(document_id: str) -> str:
         return "failed"
 
 
-@shared_task(
-    acks_late=True,
-    autoretry_for=(RetryableEmbeddingError,),
-    retry_backoff=2,
-    retry_backoff_max=300,
-    retry_jitter=True,
-    max_retries=settings.EMBEDDING_MAX_RETRIES,
-)
+@shared_task(**RETRIED_WITH_BACKOFF)
 def reembed_collection(collection_id: int) -> str:
     """Embed a collection with its next model, one batch per loop, then switch it over.
 

@@ -217,36 +217,41 @@ def collection_switch_model(*, collection: Collection, provider: str | None, mod
             _drop_next_model(collection)
         else:
             collection.next_embedding_model = model
-            collection.reembed_error, collection.reembed_stopped_at = "", None
-            collection.save(update_fields=REEMBED_STATE_FIELDS)
-            from kb.tasks import enqueue_collection_reembed
-
-            enqueue_collection_reembed(collection.pk)
+            _start_reembed(collection)
     return collection
 
 
 def collection_reembed_retry(*, collection: Collection) -> Collection:
     """Start a stopped (or retrying) re-embed again now."""
     with transaction.atomic():
-        collection = Collection.objects.select_for_update().get(pk=collection.pk)
-        if not collection.next_embedding_model_id:
-            raise KBError(ErrorCode.INVALID_ARGUMENT, f"Collection {collection.name} is not being re-embedded")
-        collection.reembed_error, collection.reembed_stopped_at = "", None
-        collection.save(update_fields=REEMBED_STATE_FIELDS)
-        from kb.tasks import enqueue_collection_reembed
-
-        enqueue_collection_reembed(collection.pk)
+        collection = _locked_reembedding(collection)
+        _start_reembed(collection)
     return collection
 
 
 def collection_reembed_cancel(*, collection: Collection) -> Collection:
     """Give up a switch: the collection stays on its model, the next model's vectors go."""
     with transaction.atomic():
-        collection = Collection.objects.select_for_update().get(pk=collection.pk)
-        if not collection.next_embedding_model_id:
-            raise KBError(ErrorCode.INVALID_ARGUMENT, f"Collection {collection.name} is not being re-embedded")
+        collection = _locked_reembedding(collection)
         _drop_next_model(collection)
     return collection
+
+
+def _locked_reembedding(collection: Collection) -> Collection:
+    """The collection, locked for the transaction; refused unless it is being re-embedded."""
+    collection = Collection.objects.select_for_update().get(pk=collection.pk)
+    if not collection.next_embedding_model_id:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"Collection {collection.name} is not being re-embedded")
+    return collection
+
+
+def _start_reembed(collection: Collection) -> None:
+    """Clear any stop reason and queue the re-embed task (sent when the transaction commits)."""
+    collection.reembed_error, collection.reembed_stopped_at = "", None
+    collection.save(update_fields=REEMBED_STATE_FIELDS)
+    from kb.tasks import enqueue_collection_reembed
+
+    enqueue_collection_reembed(collection.pk)
 
 
 def _drop_next_model(collection: Collection) -> None:
