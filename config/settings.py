@@ -246,6 +246,10 @@ KB_FETCH_ALLOWED_PRIVATE_HOSTS = env_list("KB_FETCH_ALLOWED_PRIVATE_HOSTS")
 # Largest single chunk (pre-chunked input, raw text chunks) before TEXT_TOO_LONG.
 KB_MAX_CHUNK_TOKENS = env_int("KB_MAX_CHUNK_TOKENS", 8192, minimum=16)
 
+# Embed a chunk with the titles of its sections before its text ("Guide > Install\n\n..."); takes
+# effect for chunks embedded afterwards (`kb_reembed` to apply it to stored ones). README, Search.
+KB_EMBED_HEADINGS = env_bool("KB_EMBED_HEADINGS", False)
+
 # --- Search ---------------------------------------------------------------------------------
 KB_SEMANTIC_WEIGHT = env_float("KB_SEMANTIC_WEIGHT", 0.7, minimum=0.0, maximum=1.0)
 # Longest query (characters) any door accepts; longer ones are INVALID_ARGUMENT.

@@ -9,6 +9,7 @@ import re
 import uuid
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.core.exceptions import ValidationError
@@ -154,6 +155,8 @@ class Chunk(models.Model):
     line_start = models.PositiveIntegerField()
     line_end = models.PositiveIntegerField()
     page = models.PositiveIntegerField(null=True, blank=True)
+    # Titles of the sections the chunk starts in, outermost first (Markdown, HTML, DOCX).
+    heading_path = ArrayField(models.CharField(max_length=200), default=list, blank=True)
     content_hash = models.CharField(max_length=64)
     metadata = models.JSONField(default=dict, blank=True)
     search_vector = models.GeneratedField(

@@ -83,9 +83,12 @@ class SearchResult:
     line_start: int
     line_end: int
     page: int | None
+    heading_path: list[str]
     token_count: int
     metadata: dict[str, Any]
     chunk_metadata: dict[str, Any]
+    # With group_by_document: how many candidates of both lists come from this result's document.
+    document_hits: int | None = None
 
     @property
     def lines(self) -> str:
@@ -147,7 +150,10 @@ def search(
     metadata: dict[str, Any] | None = None,
     candidate_depth: int | None = None,
     fusion: str = "convex",
+    group_by_document: bool = False,
 ) -> SearchResponse:
+    """Rank chunks for ``query`` (README, Search). With ``group_by_document``, each document's best
+    chunk stands for it and counts the document's other candidates."""
     query = (query or "").strip()
     if not query:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "The query is empty")
@@ -179,7 +185,8 @@ def search(
         content_types=None if content_types is None else tuple(_content_types(content_types)),
         metadata=tuple(_parse_metadata_filter(metadata or {})),
     )
-    depth = max(candidate_depth or 0, top_k if mode != "hybrid" else max(MIN_CANDIDATE_DEPTH, 3 * top_k))
+    deep = mode == "hybrid" or group_by_document  # fusion and grouping look past the top k
+    depth = max(candidate_depth or 0, max(MIN_CANDIDATE_DEPTH, 3 * top_k) if deep else top_k)
     warnings: list[str] = []
     if not targets:
         return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=[])
@@ -199,7 +206,7 @@ def search(
         chunk_ids = [chunk_id for chunk_id, _ in fused]
         # No vector list at all (provider down, nothing embedded yet): the score is keyword relevance.
         relevance = _Relevance(keyword.full_match if keyword else 0.0, weight if vector_hits else 0.0)
-        if min_similarity is not None:
+        if min_similarity is not None or group_by_document:
             completed = chunk_ids
         elif mode == "hybrid" and fusion == "convex":
             one_model = len(_by_model(targets)) == 1
@@ -223,14 +230,17 @@ def search(
             for chunk_id in chunk_ids
             if min_similarity is None
             or (similarities.get(chunk_id) is not None and similarities[chunk_id] >= min_similarity)
-        ][:top_k]
+        ]
+        document_hits = _best_per_document(candidates) if group_by_document else None
+        if document_hits is not None:
+            candidates = list(document_hits)
         fused_values = dict(fused)
         selected = [
             (chunk_id, fused_values[chunk_id], score)
-            for chunk_id, score in _monotone(candidates, scores)
+            for chunk_id, score in _monotone(candidates[:top_k], scores)
             if min_score is None or score >= min_score
         ]
-        results = _results(selected, mode, keyword_scores, keyword_hits, vector_hits, similarities)
+        results = _results(selected, mode, keyword_scores, keyword_hits, vector_hits, similarities, document_hits)
     return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=results, warnings=warnings)
 
 
@@ -668,6 +678,22 @@ def _contenders(
     return [c for c in half_found if relevance.of(cosine.get(c, cosine_cap), bm25.get(c, bm25_cap)) >= threshold]
 
 
+def _best_per_document(ranked: list[int]) -> dict[int, int]:
+    """Each document's first chunk in ``ranked`` (in rank order) and the document's number of chunks there."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, document_id FROM kb_chunk WHERE id = ANY(%s)", [ranked])
+        document_of = dict(cursor.fetchall())
+    best: dict[str, int] = {}
+    hits: dict[int, int] = {}
+    for chunk_id in ranked:
+        document = document_of.get(chunk_id)
+        if document is None:  # deleted since it was ranked
+            continue
+        first = best.setdefault(document, chunk_id)
+        hits[first] = hits.get(first, 0) + 1
+    return hits
+
+
 def _monotone(ranked: list[int], scores: dict[int, float]) -> list[tuple[int, float]]:
     """(chunk id, score) in rank order, each score capped by the one above it: under RRF order a
     score could otherwise rise down the list (under convex fusion the cap changes nothing)."""
@@ -685,6 +711,7 @@ def _results(
     keyword_hits: list[tuple[int, float]],
     vector_hits: dict[int, tuple[int, float]],
     similarities: dict[int, float],
+    document_hits: dict[int, int] | None,
 ) -> list[SearchResult]:
     if not selected:
         return []
@@ -693,7 +720,7 @@ def _results(
         cursor.execute(
             """
             SELECT c.id, c.content, c.index, c.line_start, c.line_end, c.page, c.token_count, c.metadata,
-                   d.id, d.source_uri, d.title, d.content_type, d.metadata, col.name
+                   d.id, d.source_uri, d.title, d.content_type, d.metadata, col.name, c.heading_path
             FROM kb_chunk c
             JOIN kb_document d ON d.id = c.document_id
             JOIN kb_collection col ON col.id = c.collection_id
@@ -731,6 +758,8 @@ def _results(
                 content_type=row[11],
                 metadata=_json(row[12]),
                 collection=row[13],
+                heading_path=list(row[14] or []),
+                document_hits=None if document_hits is None else document_hits[chunk_id],
             )
         )
     return results

@@ -123,6 +123,30 @@ def document_chunks(*, document: Document) -> QuerySet[Chunk]:
     return Chunk.objects.filter(document=document).defer("search_vector").order_by("index")
 
 
+MAX_NEIGHBORS = 10
+
+
+def chunk_neighbors(*, document: Document, chunk_index: int, before: int = 1, after: int = 1) -> list[Chunk]:
+    """A chunk of ``document`` and up to ``before``/``after`` chunks on each side of it, in order:
+    the text around a search hit, without fetching the whole document."""
+    for name, count in (("before", before), ("after", after)):
+        if not 0 <= count <= MAX_NEIGHBORS:
+            raise KBError(ErrorCode.INVALID_ARGUMENT, f"{name} must be between 0 and {MAX_NEIGHBORS}")
+    if not 0 <= chunk_index <= MAX_OFFSET:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"chunk_index must be between 0 and {MAX_OFFSET}")
+    ordered = document_chunks(document=document)
+    hit = ordered.filter(index=chunk_index).first()
+    if hit is None:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"Document {document.id} has no chunk {chunk_index} (it has {document.chunk_count} chunks)",
+        )
+    # By position, not index arithmetic: chunks stored by a client may skip indices.
+    preceding = list(ordered.filter(index__lt=chunk_index).order_by("-index")[:before]) if before else []
+    following = list(ordered.filter(index__gt=chunk_index)[:after]) if after else []
+    return [*reversed(preceding), hit, *following]
+
+
 @dataclass(frozen=True)
 class Stats:
     collections: int

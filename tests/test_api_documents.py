@@ -228,3 +228,34 @@ def test_refusals_are_stored_readably_whatever_the_names_and_messages_hold(docs)
     stored = {refusal.source_uri: refusal.error for refusal in IngestRefusal.objects.all()}
     assert stored["upload://bad\ufffdname?.json"] == "bad?"
     assert sorted(len(uri) for uri in stored) == [len("upload://bad?name?.json"), 2000]
+
+
+def test_a_chunk_s_neighbours_are_read_in_document_order_within_the_token_s_collections(client):
+    from kb.services.tokens import token_create
+
+    manual = collection_create(name="manual", chunk_max_tokens=24, chunk_min_tokens=0)
+    collection_create(name="secret")
+    text = "# Glider manual\n\n" + "\n\n".join(
+        f"## {name}\n\nThe {name.lower()} steps of the glider come in this order."
+        for name in ("Rigging", "Launch", "Thermals", "Landing")
+    )
+    document = document_create_from_text(
+        collection=manual, source_uri="file:///manual.md", text=text, content_type="markdown"
+    ).document
+    _, reader = token_create(name="manual reader", scope="read", collections=["manual"])
+
+    response = get(client, f"/api/documents/{document.pk}/chunks/2/neighbors", reader, before=2, after=5)
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["document_id"], body["collection"], body["source_uri"]) == (document.pk, "manual", "file:///manual.md")
+    indices = [chunk["index"] for chunk in body["chunks"]]
+    assert indices == list(range(document.chunk_count)) and len(indices) > 3
+    assert body["chunks"][0]["heading_path"] == ["Glider manual"]
+    assert body["chunks"][-1]["heading_path"] == ["Glider manual", "Landing"]
+
+    hidden = document_create_from_text(collection=collection_create(name="other"), source_uri="x://y", text="z")
+    refused = get(client, f"/api/documents/{hidden.document.pk}/chunks/0/neighbors", reader)
+    assert error_of(refused) == (404, "DOCUMENT_NOT_FOUND")
+    for path, params in (("99", {}), ("-1", {}), ("x", {}), ("0", {"before": 11}), ("0", {"after": "many"})):
+        refused = get(client, f"/api/documents/{document.pk}/chunks/{path}/neighbors", **params)
+        assert error_of(refused) == (400, "INVALID_ARGUMENT"), (path, params)

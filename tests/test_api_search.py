@@ -1,5 +1,7 @@
 """REST API: search with every argument of the search service, and statistics."""
 
+from unittest.mock import ANY
+
 import pytest
 
 from kb.services.collections import collection_create
@@ -54,6 +56,22 @@ def test_hybrid_search_finds_the_passage_with_every_result_field(client, library
     assert best["similarity"] is not None and best["keyword_rank"] is not None and best["vector_rank"] is not None
     assert best["lines"] == f"{best['line_start']}-{best['line_end']}"
     assert best["metadata"]["author"] == "Smith"
+    assert (best["heading_path"], best["document_hits"]) == (["Deployment guide"], None)
+
+
+def test_a_search_can_return_one_result_per_document(client):
+    docs = collection_create(name="docs", chunk_max_tokens=24, chunk_min_tokens=0)
+    text = "\n\n".join(f"Replica {n} of the web server shares nothing but the database." for n in range(4))
+    many = document_create_from_text(collection=docs, source_uri="note://many", text=text).document
+    document_create_from_text(collection=docs, source_uri="note://one", text="A replica of the database.")
+    plain = search(client, query="replica database", mode="keyword").json()["results"]
+    grouped = search(client, query="replica database", mode="keyword", group_by_document=True).json()["results"]
+    assert len(plain) == many.chunk_count + 1 > 2
+    assert [(hit["source_uri"], hit["document_hits"]) for hit in grouped] == [
+        (plain[0]["source_uri"], many.chunk_count if plain[0]["source_uri"] == "note://many" else 1),
+        (next(hit["source_uri"] for hit in plain if hit["source_uri"] != plain[0]["source_uri"]), ANY),
+    ]
+    assert sorted(hit["document_hits"] for hit in grouped) == [1, many.chunk_count]
 
 
 def test_a_collection_s_search_settings_apply_when_the_request_leaves_them_out(client, library):

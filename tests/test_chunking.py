@@ -71,3 +71,43 @@ def test_pages_are_never_crossed_and_are_recorded():
 def test_token_counts_use_the_embedding_models_tokenizer_without_truncation():
     assert count_tokens("hello world") == 2
     assert count_tokens("word " * 1000) == 1000
+
+
+HANDBOOK = """---
+title: front matter is not a heading
+---
+# Handbook
+
+Welcome to the handbook of the service.
+
+## Install
+
+```sh
+# a comment in a fence, not a heading
+pip install service
+```
+
+Linux
+-----
+
+Use the distribution's packages; they are kept current by the maintainers.
+
+# Operate ##
+
+Watch the queue depth.
+"""
+
+
+def test_each_chunk_knows_the_headings_of_the_section_it_starts_in():
+    drafts = chunk_text(HANDBOOK, content_type="markdown", settings=ChunkSettings(max_tokens=16, min_tokens=0))
+    path_of = {draft.content.splitlines()[0]: draft.heading_path for draft in drafts}
+    assert path_of["# Handbook"] == ("Handbook",)
+    assert path_of["```sh"] == ("Handbook", "Install")
+    assert path_of["Linux"] == ("Handbook", "Linux")  # a setext heading replaces its sibling
+    assert path_of["# Operate ##"] == ("Operate",)  # a higher heading closes the deeper ones
+    assert all(draft.heading_path for draft in drafts if "front matter" not in draft.content)
+
+
+def test_text_without_markdown_structure_has_no_heading_path():
+    drafts = chunk_text("# not markdown\n\nplain words", content_type="plain_text", settings=ChunkSettings())
+    assert [draft.heading_path for draft in drafts] == [()]

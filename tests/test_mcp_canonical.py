@@ -33,7 +33,7 @@ pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
 
 SERVER = canonical.build(read_only=False)
 READ_TOOLS = ["rag_search", "rag_list_collections", "rag_list_documents", "rag_stats", "rag_get_document",
-              "rag_ingestion_status"]  # fmt: skip
+              "rag_read_neighbors", "rag_ingestion_status"]  # fmt: skip
 WRITE_TOOLS = ["rag_ingest", "rag_delete", "rag_create_collection", "rag_delete_collection"]
 AERO = "Wings generate lift because air flows faster over the curved upper surface than below it."
 COOKING = "Knead the dough for ten minutes, then let it rise in a warm place until doubled."
@@ -128,8 +128,8 @@ def test_a_document_goes_in_is_found_and_goes_out():
     hit = found["results"][0]
     assert (hit["rank"], hit["source"], hit["collection"], hit["content"]) == (1, doc_id, "code", source.strip())
     assert hit["metadata"] == {
-        "lines": "1-3", "tokens": ANY, "chunk_index": 0, "page": None, "content_type": "rust", "title": "",
-        "document": ANY,
+        "lines": "1-3", "tokens": ANY, "chunk_index": 0, "page": None, "heading_path": [], "content_type": "rust",
+        "title": "", "document": ANY,
     }  # fmt: skip
 
     stats = call_ok(SERVER, "rag_stats")
@@ -213,13 +213,57 @@ def test_a_document_can_be_fetched_and_a_collection_deleted_with_confirmation():
     assert plain["raw_content"] is None and plain["chunks"] is None
     full = call_ok(SERVER, "rag_get_document", {"doc_id": doc_id, "include_content": True, "include_chunks": True})
     assert full["raw_content"].startswith("Wings generate lift")
-    assert full["chunks"] == [{"index": 0, "content": ANY, "tokens": ANY, "lines": "1-3", "page": None}]
+    assert full["chunks"] == [
+        {"index": 0, "content": ANY, "tokens": ANY, "lines": "1-3", "page": None, "heading_path": []}
+    ]
 
     refused = error_of(call(SERVER, "rag_delete_collection", {"name": "notes"}))
     assert refused["code"] == "INVALID_ARGUMENT" and "confirm: true" in refused["message"]
     deleted = call_ok(SERVER, "rag_delete_collection", {"name": "notes", "confirm": True})
     assert deleted == {"success": True, "name": "notes", "documents_deleted": 1, "chunks_deleted": 1}
     assert call_ok(SERVER, "rag_list_collections")["total"] == 0
+
+
+def test_a_hit_says_where_it_sits_and_its_neighbours_can_be_read_within_the_caller_s_access():
+    collection_create(name="manual", chunk_max_tokens=24, chunk_min_tokens=0)
+    collection_create(name="secret")
+    sections = ["Rigging", "Launch", "Thermals", "Landing"]
+    text = "# Glider manual\n\n" + "\n\n".join(
+        f"## {name}\n\nThe {name.lower()} steps of the glider come in this order." for name in sections
+    )
+    doc_id = ingest("manual", text, content_type="markdown")["doc_id"]
+    hidden = ingest("secret", COOKING)["doc_id"]
+
+    hit = call_ok(SERVER, "rag_search", {"query": "thermals steps", "collection": "manual", "hybrid": False})[
+        "results"
+    ][0]
+    assert hit["metadata"]["heading_path"] == ["Glider manual", "Thermals"]
+    index = hit["metadata"]["chunk_index"]
+    around = call_ok(SERVER, "rag_read_neighbors", {"doc_id": hit["source"], "chunk_index": index, "after": 2})
+    assert (around["source"], around["collection"], around["truncated"]) == (doc_id, "manual", False)
+    assert [chunk["index"] for chunk in around["chunks"]] == [index - 1, index, index + 1]  # the last chunk is next
+    assert [chunk["heading_path"][-1] for chunk in around["chunks"]] == ["Launch", "Thermals", "Landing"]
+    alone = call_ok(SERVER, "rag_read_neighbors", {"doc_id": doc_id, "chunk_index": index, "before": 0, "after": 0})
+    assert [chunk["content"] for chunk in alone["chunks"]] == [hit["content"]]
+
+    reader = Access(scope="read", collections=frozenset({"manual"}))
+    assert call_ok(SERVER, "rag_read_neighbors", {"doc_id": doc_id, "chunk_index": 0}, access=reader)["chunks"]
+    refused = error_of(call(SERVER, "rag_read_neighbors", {"doc_id": hidden, "chunk_index": 0}, access=reader))
+    assert refused["code"] == "DOCUMENT_NOT_FOUND"
+    for arguments in ({"chunk_index": 99}, {"chunk_index": -1}, {"chunk_index": 0, "before": 11}):
+        refused = error_of(call(SERVER, "rag_read_neighbors", {"doc_id": doc_id, **arguments}))
+        assert refused["code"] == "INVALID_ARGUMENT", arguments
+
+
+def test_a_search_grouped_by_document_shows_each_document_once_with_its_matches_counted():
+    collection_create(name="grouped", chunk_max_tokens=24, chunk_min_tokens=0)
+    many = ingest("grouped", "\n\n".join(f"Lift and drag of wing section {n} in steady flight." for n in range(5)))
+    ingest("grouped", "Lift and drag of a kite.")
+    plain = call_ok(SERVER, "rag_search", {"query": "lift drag", "hybrid": False})
+    grouped = call_ok(SERVER, "rag_search", {"query": "lift drag", "hybrid": False, "group_by_document": True})
+    assert len(plain["results"]) > 2 and all(hit["document_hits"] is None for hit in plain["results"])
+    counts = {hit["source"]: hit["document_hits"] for hit in grouped["results"]}
+    assert len(grouped["results"]) == 2 and counts[many["doc_id"]] == len(plain["results"]) - 1
 
 
 def test_long_results_are_cut_visibly_to_the_response_budget(settings):

@@ -393,3 +393,85 @@ def test_a_dead_embedding_backend_degrades_hybrid_to_keyword_with_a_warning(db, 
     with pytest.raises(KBError) as error:
         search(query="flutter", collections=["remote"], mode="semantic")
     assert error.value.code == ErrorCode.EMBEDDING_ERROR
+
+
+@pytest.fixture
+def sectioned(db):
+    """Two Markdown documents of several small chunks each, about the same subject, and a third elsewhere."""
+    collection = collection_create(name="manuals", chunk_max_tokens=24, chunk_min_tokens=0)
+    documents = {}
+    for name, sections in {
+        "glider": ["Launch", "Thermals", "Landing"],
+        "sailplane": ["Rigging", "Thermals"],
+        "bakery": ["Dough"],
+    }.items():
+        text = f"# {name.title()} manual\n\n" + "\n\n".join(
+            f"## {section}\n\nThe {name} {section.lower()} section: circling in rising thermals gains height."
+            if section == "Thermals"
+            else f"## {section}\n\nThe {name} {section.lower()} section covers its own steps in order."
+            for section in sections
+        )
+        stored = document_create_from_text(
+            collection=collection, source_uri=f"manual://{name}", text=text, content_type="markdown", title=name
+        )
+        embed(stored.document)
+        documents[name] = stored.document
+    return documents
+
+
+def test_each_hit_carries_the_headings_of_its_section(sectioned):
+    best = search(query="circling in rising thermals", collections=["manuals"], top_k=1).results[0]
+    assert best.document_id in (sectioned["glider"].pk, sectioned["sailplane"].pk)
+    assert best.heading_path == [f"{best.title.title()} manual", "Thermals"]
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "semantic", "keyword"])
+def test_grouped_by_document_each_document_appears_once_with_its_best_chunk_and_its_hits_counted(sectioned, mode):
+    ungrouped = search(query="manual section steps thermals", collections=["manuals"], top_k=100, mode=mode).results
+    grouped = search(
+        query="manual section steps thermals", collections=["manuals"], top_k=100, mode=mode, group_by_document=True
+    ).results
+    hits_per_document = {}
+    for result in ungrouped:
+        hits_per_document.setdefault(result.document_id, []).append(result.chunk_id)
+    assert len(hits_per_document) == 3 and len(ungrouped) > 3  # several chunks of one document matched
+    assert [(r.document_id, r.chunk_id) for r in grouped] == [
+        (document_id, chunk_ids[0]) for document_id, chunk_ids in hits_per_document.items()
+    ]
+    assert {r.document_id: r.document_hits for r in grouped} == {d: len(c) for d, c in hits_per_document.items()}
+    assert [r.rank for r in grouped] == [1, 2, 3]
+    assert all(r.document_hits is None for r in ungrouped)
+
+
+def test_grouped_by_document_fills_top_k_with_distinct_documents(sectioned):
+    grouped = search(query="manual section steps", collections=["manuals"], top_k=2, group_by_document=True)
+    assert len({r.document_id for r in grouped.results}) == 2
+
+
+@pytest.mark.parametrize("with_headings", [True, False])
+def test_with_kb_embed_headings_a_chunk_is_embedded_after_its_section_titles(db, settings, with_headings):
+    import numpy
+
+    from kb.embeddings import embed_texts
+    from kb.models import Chunk, Embedding
+
+    settings.KB_EMBED_HEADINGS = with_headings
+    collection = collection_create(name="handbook", chunk_max_tokens=24, chunk_min_tokens=0)
+    text = (
+        "# Glider\n\nAn introduction to flying a glider safely, from rigging to landing.\n\n"
+        "## Thermals\n\nCircle in rising air to gain height, then glide on to the next one."
+    )
+    stored = document_create_from_text(collection=collection, source_uri="m://g", text=text, content_type="markdown")
+    embed(stored.document)
+    chunk = Chunk.objects.get(document=stored.document, content__startswith="## Thermals")
+    stored_vector = Embedding.objects.get(chunk=chunk).vector
+    model = collection.embedding_model
+    titled, bare = embed_texts(model.provider, model.name, [f"Glider > Thermals\n\n{chunk.content}", chunk.content])
+    expected, other = (titled, bare) if with_headings else (bare, titled)
+    assert numpy.allclose(stored_vector, expected, atol=1e-5) and not numpy.allclose(stored_vector, other, atol=1e-3)
+
+    # Stored again under another title: with headings embedded, the old vector no longer fits and is not kept.
+    renamed = document_create_from_text(
+        collection=collection, source_uri="m://g", text=text.replace("# Glider", "# Sailplane"), content_type="markdown"
+    )
+    assert renamed.chunks_reused == (0 if with_headings else 1)

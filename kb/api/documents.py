@@ -1,4 +1,5 @@
-"""Documents: list per collection, get, ingest by URI, upload files, re-ingest, re-embed, delete."""
+"""Documents: list per collection, get, read a chunk's neighbours, ingest by URI, upload files, re-ingest,
+re-embed, delete."""
 
 from django.http import HttpRequest
 from ninja import File, Form, Query, Router, UploadedFile
@@ -17,12 +18,14 @@ from kb.api.schemas import (
     IngestIn,
     IngestItemOut,
     IngestOut,
+    NeighborsOut,
+    NeighborsQuery,
     UploadForm,
 )
 from kb.errors import ErrorCode
 from kb.ingestion_status import wait_until_searchable
 from kb.models import Document, TokenScope
-from kb.selectors import document_chunks, document_list
+from kb.selectors import chunk_neighbors, document_chunks, document_list
 from kb.services.documents import document_delete
 from kb.services.embedding import document_reembed
 from kb.services.ingest import document_ingest, document_reingest, network_file_roots
@@ -115,6 +118,23 @@ def get_document(request: HttpRequest, doc_id: DocumentId, query: Query[Document
         chunks=document_chunks(document=document) if query.chunks else None,
         content=document.raw_content if query.content else None,
     )
+
+
+@router.get(
+    "/documents/{doc_id}/chunks/{chunk_index}/neighbors",
+    response=with_errors({200: NeighborsOut}, ErrorCode.DOCUMENT_NOT_FOUND),
+    summary="A chunk and the chunks around it (a search hit's context)",
+    description="`chunk_index` is a search result's `chunk_index`; `before` and `after` (0-10, default 1) "
+    "count chunks in document order.",
+)
+def chunk_neighbors_of(
+    request: HttpRequest, doc_id: DocumentId, chunk_index: int, query: Query[NeighborsQuery]
+) -> NeighborsOut:
+    access = access_of(request)
+    access.require(TokenScope.READ)
+    document = access.document(doc_id)
+    chunks = chunk_neighbors(document=document, chunk_index=chunk_index, before=query.before, after=query.after)
+    return NeighborsOut.of(document, chunks)
 
 
 @router.post(

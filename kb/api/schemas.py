@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, Json, field_validator
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import COLLECTION_NAME_MAX_LENGTH, COLLECTION_NAME_PATTERN, Chunk, Collection, Document
 from kb.search import SearchResponse
-from kb.selectors import MAX_OFFSET, Stats, collection_reembedding
+from kb.selectors import MAX_NEIGHBORS, MAX_OFFSET, Stats, collection_reembedding
 from kb.services.documents import StoredDocument
 from kb.services.ingest import IngestItem, IngestReport, ItemOutcome
 
@@ -286,6 +286,7 @@ class ChunkOut(Schema):
     line_start: int
     line_end: int
     page: int | None
+    heading_path: list[str] = Field(description="Titles of the sections the chunk starts in, outermost first")
     metadata: dict[str, Any]
 
     @classmethod
@@ -298,6 +299,7 @@ class ChunkOut(Schema):
             line_start=chunk.line_start,
             line_end=chunk.line_end,
             page=chunk.page,
+            heading_path=chunk.heading_path,
             metadata=chunk.metadata or {},
         )
 
@@ -320,6 +322,29 @@ class DocumentOut(DocumentSummaryOut):
             metadata=document.metadata or {},
             content=content,
             chunks=None if chunks is None else [ChunkOut.of(chunk) for chunk in chunks],
+        )
+
+
+class NeighborsQuery(InputSchema):
+    before: int = Field(1, ge=0, le=MAX_NEIGHBORS, description="Chunks before this one")
+    after: int = Field(1, ge=0, le=MAX_NEIGHBORS, description="Chunks after this one")
+
+
+class NeighborsOut(Schema):
+    document_id: str
+    source_uri: str
+    title: str
+    collection: str
+    chunks: list[ChunkOut] = Field(description="The chunk asked for and its neighbours, in order")
+
+    @classmethod
+    def of(cls, document: Document, chunks: Iterable[Chunk]) -> "NeighborsOut":
+        return cls(
+            document_id=document.id,
+            source_uri=document.source_uri,
+            title=document.title,
+            collection=document.collection.name,
+            chunks=[ChunkOut.of(chunk) for chunk in chunks],
         )
 
 
@@ -439,6 +464,9 @@ class SearchIn(InputSchema):
         '{"author": "Smith", "year": {"$gte": 2020}, "lang": {"$in": ["en"]}}',
     )
     candidate_depth: int | None = Field(None, ge=1, le=10_000, description="Candidates per retriever before fusion")
+    group_by_document: bool = Field(
+        False, description="One result per document (its best chunk); document_hits counts its candidates"
+    )
 
 
 class SearchResultOut(Schema):
@@ -463,9 +491,13 @@ class SearchResultOut(Schema):
     line_start: int
     line_end: int
     page: int | None
+    heading_path: list[str] = Field(description="Titles of the sections the chunk starts in, outermost first")
     token_count: int
     metadata: dict[str, Any]
     chunk_metadata: dict[str, Any]
+    document_hits: int | None = Field(
+        description="With group_by_document: how many candidate chunks of both lists come from this document"
+    )
 
 
 class SearchOut(Schema):

@@ -17,7 +17,7 @@ router = Router(tags=["search"])
 @router.post(
     "/search",
     response=with_errors({200: SearchOut}, ErrorCode.COLLECTION_NOT_FOUND, ErrorCode.EMBEDDING_ERROR),
-    summary="Search: hybrid (BM25 + vectors, fused by weighted RRF), semantic or keyword",
+    summary="Search: hybrid (BM25 + vectors, a convex combination of both scores), semantic or keyword",
     description="Without `collections`, searches every collection the token can see. In hybrid mode an "
     "unreachable embedding provider degrades to keyword results with a warning; in semantic mode it is "
     "EMBEDDING_ERROR.",
@@ -37,6 +37,7 @@ def search_chunks(request: HttpRequest, payload: SearchIn) -> SearchOut:
         content_types=payload.content_types,
         metadata=payload.metadata,
         candidate_depth=payload.candidate_depth,
+        group_by_document=payload.group_by_document,
     )
     return SearchOut.of(response)
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from kb.ingestion.formats import MARKDOWN_LIKE_CONTENT_TYPES, Page
 
 # tree-sitter grammar of each code content type: (module, function returning the language).
@@ -41,6 +43,8 @@ class ChunkDraft:
     page: int | None = None
     # Caller-supplied metadata of pre-chunked input.
     metadata: dict[str, Any] | None = None
+    # The titles of the sections the chunk starts in, outermost first (Markdown-like text only).
+    heading_path: tuple[str, ...] = ()
 
     @property
     def content_hash(self) -> str:
@@ -52,6 +56,13 @@ class ChunkSettings:
     max_tokens: int = 512
     min_tokens: int = 50
     overlap_tokens: int = 0
+
+
+def embedding_text(content: str, heading_path: Sequence[str]) -> str:
+    """What the embedder reads for a chunk: its text, after its section titles with KB_EMBED_HEADINGS."""
+    if settings.KB_EMBED_HEADINGS and heading_path:
+        return f"{' > '.join(heading_path)}\n\n{content}"
+    return content
 
 
 def content_hash(text: str) -> str:
@@ -100,6 +111,7 @@ def chunk_text(
     """Split ``text`` into chunks; with ``pages``, no chunk crosses a page boundary."""
     splitter = _splitter(content_type, settings.max_tokens, settings.overlap_tokens)
     line_of = _line_locator(text)
+    path_at = _heading_locator(text) if content_type in MARKDOWN_LIKE_CONTENT_TYPES else None
     spans: list[tuple[int, int, int | None]] = []
     for page in pages or [Page(number=0, start=0, end=len(text))]:
         segment = text[page.start : page.end]
@@ -119,6 +131,7 @@ def chunk_text(
                 line_start=line_of(start),
                 line_end=line_of(max(start, end - 1)),
                 page=page_number,
+                heading_path=path_at(start) if path_at else (),
             )
         )
     return drafts
@@ -164,3 +177,51 @@ def _line_locator(text: str) -> Callable[[int], int]:
         return bisect.bisect_left(newlines, offset) + 1
 
     return line_of
+
+
+# ATX headings ("## Title ##") and setext underlines; fences open and close code blocks.
+_ATX_HEADING = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+_SETEXT_UNDERLINE = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+# Lines that cannot be a setext heading's text: list items, quotes, tables, indented code.
+_NOT_SETEXT_TEXT = re.compile(r"^(?: {4}|\t| {0,3}(?:[-*+>|]|\d+[.)])(?:\s|$))")
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n.*?^---[ \t]*$", re.DOTALL | re.MULTILINE)
+MAX_HEADING_CHARS = 200
+
+
+def _heading_locator(text: str) -> Callable[[int], tuple[str, ...]]:
+    """The heading path in force at an offset of Markdown text (a heading that starts there counts)."""
+    starts: list[int] = []
+    paths: list[tuple[str, ...]] = []
+    stack: list[tuple[int, str]] = []
+    fence: str | None = None
+    previous: tuple[int, str] | None = None  # the last line, if it could be a setext heading's text
+    front_matter = _FRONT_MATTER.match(text)
+    offset = front_matter.end() if front_matter else 0
+    for line in text[offset:].splitlines(keepends=True):
+        stripped = line.rstrip("\r\n")
+        heading: tuple[int, int, str] | None = None  # (offset, level, title)
+        fence_match = _FENCE.match(stripped)
+        if fence is not None:
+            if fence_match and fence_match.group(1)[0] == fence[0] and len(fence_match.group(1)) >= len(fence):
+                fence = None
+        elif fence_match:
+            fence = fence_match.group(1)
+        elif atx := _ATX_HEADING.match(stripped):
+            heading = (offset, len(atx.group(1)), atx.group(2) or "")
+        elif previous is not None and (setext := _SETEXT_UNDERLINE.match(stripped)):
+            heading = (previous[0], 1 if setext.group(1)[0] == "=" else 2, previous[1])
+        if heading is not None:
+            at, level, title = heading
+            stack = [entry for entry in stack if entry[0] < level] + [(level, title.strip()[:MAX_HEADING_CHARS])]
+            starts.append(at)
+            paths.append(tuple(title for _, title in stack if title))
+        plain = fence is None and heading is None and not fence_match and stripped.strip()
+        previous = (offset, stripped.strip()) if plain and not _NOT_SETEXT_TEXT.match(stripped) else None
+        offset += len(line)
+
+    def path_at(position: int) -> tuple[str, ...]:
+        index = bisect.bisect_right(starts, position) - 1
+        return paths[index] if index >= 0 else ()
+
+    return path_at

@@ -149,6 +149,7 @@ def _chunk(document: Document, collection: Collection, draft: ChunkDraft) -> Chu
         line_start=draft.line_start,
         line_end=draft.line_end,
         page=draft.page,
+        heading_path=list(draft.heading_path),
         content_hash=draft.content_hash,
         metadata=draft.metadata or {},
     )
@@ -218,16 +219,18 @@ def _unchanged(document: Document, metadata: dict[str, Any] | None) -> StoredDoc
 
 
 def _carry_over_embeddings(old_chunk_ids: list[int], new_chunk_ids: list[int]) -> int:
-    """Copy every model's vector of an old chunk to the new chunk with the same text."""
+    """Copy every model's vector of an old chunk to the new chunk that embeds the same text."""
     if not old_chunk_ids:
         return 0
+    # Section titles are part of what is embedded with KB_EMBED_HEADINGS (chunking.embedding_text).
+    same_headings = "AND old.heading_path = new.heading_path" if settings.KB_EMBED_HEADINGS else ""
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at)
             SELECT DISTINCT ON (new.id, e.model_id) new.id, e.model_id, e.collection_id, e.vector, e.created_at
             FROM kb_chunk AS new
-            JOIN kb_chunk AS old ON old.content_hash = new.content_hash AND old.id = ANY(%s)
+            JOIN kb_chunk AS old ON old.content_hash = new.content_hash AND old.id = ANY(%s) {same_headings}
             JOIN kb_embedding AS e ON e.chunk_id = old.id
             WHERE new.id = ANY(%s)
             ORDER BY new.id, e.model_id

@@ -19,6 +19,7 @@ from pgvector import Vector
 
 from kb.embeddings import EmbeddingError, embed_texts
 from kb.errors import ErrorCode, KBError
+from kb.ingestion.chunking import embedding_text
 from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding, EmbeddingModel
 from kb.services.documents import document_lock, pending_requeue_deadline
 from kb.services.embedding_models import embedding_model_choose, embedding_model_record_dimensions
@@ -75,17 +76,20 @@ def document_embed(*, doc_id: str) -> str:
 def _embed_with(document: Document, model: EmbeddingModel) -> bool:
     """Give every chunk of the document a vector of ``model``; False when it was deleted meanwhile."""
     while True:
-        batch = list(
-            Chunk.objects.filter(document_id=document.pk)
-            .exclude(Exists(Embedding.objects.filter(chunk=OuterRef("pk"), model=model)))
-            .order_by("index")
-            .values_list("id", "content")[: settings.EMBEDDING_BATCH_SIZE]
-        )
+        batch = _unembedded_batch(Chunk.objects.filter(document_id=document.pk).order_by("index"), model)
         if not batch:
             return True
-        vectors = embed_texts(model.provider, model.name, [content for _, content in batch])
+        vectors = embed_texts(model.provider, model.name, [text for _, text in batch])
         if not _store_vectors(document, model, [chunk_id for chunk_id, _ in batch], vectors):
             return False
+
+
+def _unembedded_batch(chunks: QuerySet[Chunk], model: EmbeddingModel) -> list[tuple[int, str]]:
+    """The next batch of ``chunks`` without a vector of ``model``: (chunk id, the text to embed)."""
+    rows = chunks.exclude(Exists(Embedding.objects.filter(chunk=OuterRef("pk"), model=model))).values_list(
+        "id", "content", "heading_path"
+    )[: settings.EMBEDDING_BATCH_SIZE]
+    return [(chunk_id, embedding_text(content, heading_path)) for chunk_id, content, heading_path in rows]
 
 
 def _store_vectors(document: Document, model: EmbeddingModel, chunk_ids: list[int], vectors: list[list[float]]) -> bool:
@@ -282,13 +286,9 @@ def collection_reembed_step(*, collection_id: int) -> bool:
     model = collection.next_embedding_model
     if model is None:
         return True
-    batch = list(
-        Chunk.objects.filter(collection_id=collection_id)
-        .exclude(Exists(Embedding.objects.filter(chunk=OuterRef("pk"), model=model)))
-        .values_list("id", "content")[: settings.EMBEDDING_BATCH_SIZE]
-    )
+    batch = _unembedded_batch(Chunk.objects.filter(collection_id=collection_id), model)
     if batch:
-        vectors = embed_texts(model.provider, model.name, [content for _, content in batch])
+        vectors = embed_texts(model.provider, model.name, [text for _, text in batch])
         insert_vectors(model, [chunk_id for chunk_id, _ in batch], vectors)
         if collection.reembed_error:  # going again after a failure
             Collection.objects.filter(pk=collection_id).update(reembed_error="", reembed_stopped_at=None)

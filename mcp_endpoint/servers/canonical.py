@@ -1,6 +1,7 @@
 """The canonical MCP server: rag-mcp's seven tools (seed 001) with their arguments, defaults, result
 shapes and error codes, plus what a curator needs over MCP: delete a collection, fetch a document,
-follow ingestion. Every tool is a thin adapter over kb.services / kb.selectors / kb.search."""
+read the chunks around a search hit, follow ingestion. Every tool is a thin adapter over kb.services /
+kb.selectors / kb.search."""
 
 import time
 from typing import Annotated, Any, Literal
@@ -14,7 +15,14 @@ from kb.ingestion.formats import CONTENT_TYPES
 from kb.ingestion_status import STILL_EMBEDDING, ingestion_status, wait_until_searchable
 from kb.models import COLLECTION_NAME_PATTERN, TokenScope
 from kb.search import search
-from kb.selectors import collection_list, document_chunks, document_list, kb_stats
+from kb.selectors import (
+    MAX_NEIGHBORS,
+    chunk_neighbors,
+    collection_list,
+    document_chunks,
+    document_list,
+    kb_stats,
+)
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
 from kb.services.ingest import document_ingest
@@ -22,12 +30,14 @@ from mcp_endpoint.budget import fit_list, fit_texts
 from mcp_endpoint.caller import current_access, current_caller
 from mcp_endpoint.servers import prompts, resources
 from mcp_endpoint.servers.rag_shapes import (
+    ChunkOutput,
     CollectionSummary,
     DocumentDetail,
     DocumentProgress,
     DocumentSummary,
     IngestOutput,
     SearchOutput,
+    chunk_output,
     collection_summary,
     document_detail,
     document_progress,
@@ -98,10 +108,15 @@ def rag_search(
         list[str] | None, Field(description="Only these content types, e.g. ['python', 'markdown']")
     ] = None,
     document_ids: Annotated[list[str] | None, Field(description="Only these documents")] = None,
+    group_by_document: Annotated[
+        bool,
+        Field(description="One result per document (its best chunk); document_hits counts the document's matches"),
+    ] = False,
 ) -> SearchOutput:
-    """Search the knowledge base with hybrid search: BM25 keyword ranking and semantic similarity, fused
-    with Reciprocal Rank Fusion. Each result has the chunk text, its document ('source' is the document
-    ID, 'source_uri' where it came from), collection and line range (metadata.lines) to cite."""
+    """Search the knowledge base with hybrid search: BM25 keyword ranking and semantic similarity, combined
+    into one 0-1 score. Each result has the chunk text, its document ('source' is the document ID,
+    'source_uri' where it came from), collection, line range (metadata.lines), page and section headings
+    (metadata.heading_path) to cite; rag_read_neighbors gives the text around it."""
     access = current_access()
     response = search(
         query=query,
@@ -113,6 +128,7 @@ def rag_search(
         metadata=metadata_filter,
         content_types=content_types,
         document_ids=document_ids,
+        group_by_document=group_by_document,
     )
     output = search_output(response)
     output["truncated"] = fit_list(output["results"], "content", envelope=output, flag_key="content_truncated")
@@ -288,14 +304,6 @@ def rag_delete_collection(
     )
 
 
-class ChunkOutput(TypedDict):
-    index: int
-    content: str
-    tokens: int
-    lines: str
-    page: int | None
-
-
 class DocumentOutput(DocumentDetail):
     raw_content: str | None
     chunks: list[ChunkOutput] | None
@@ -313,10 +321,7 @@ def rag_get_document(
     document = current_access().document(doc_id)
     chunks = None
     if include_chunks:
-        chunks = [
-            ChunkOutput(index=c.index, content=c.content, tokens=c.token_count, lines=c.lines, page=c.page)
-            for c in document_chunks(document=document)
-        ]
+        chunks = [chunk_output(chunk) for chunk in document_chunks(document=document)]
     output = DocumentOutput(
         **document_detail(document),
         raw_content=document.raw_content if include_content else None,
@@ -325,6 +330,41 @@ def rag_get_document(
     )
     texts = [(output, "raw_content")] if include_content else []
     output["truncated"] = bool(fit_texts(output, texts + [(chunk, "content") for chunk in chunks or []]))
+    return output
+
+
+class NeighborsOutput(TypedDict):
+    source: str
+    source_uri: str
+    title: str
+    collection: str
+    chunks: list[ChunkOutput]
+    truncated: bool
+
+
+@service_tool(TokenScope.READ)
+def rag_read_neighbors(
+    doc_id: DocId,
+    chunk_index: Annotated[int, Field(description="A search result's metadata.chunk_index")],
+    before: Annotated[int, Field(ge=0, le=MAX_NEIGHBORS, description="Chunks before it")] = 1,
+    after: Annotated[int, Field(ge=0, le=MAX_NEIGHBORS, description="Chunks after it")] = 1,
+) -> NeighborsOutput:
+    """The text around a search result: the chunk and up to 'before'/'after' chunks on each side of it,
+    in document order (long texts are cut to the response budget, visibly)."""
+    document = current_access().document(doc_id)
+    chunks = [
+        chunk_output(chunk)
+        for chunk in chunk_neighbors(document=document, chunk_index=chunk_index, before=before, after=after)
+    ]
+    output = NeighborsOutput(
+        source=document.id,
+        source_uri=document.source_uri,
+        title=document.title,
+        collection=document.collection.name,
+        chunks=chunks,
+        truncated=False,
+    )
+    output["truncated"] = bool(fit_texts(output, [(chunk, "content") for chunk in chunks]))
     return output
 
 
@@ -392,6 +432,7 @@ TOOLS = [
     (rag_stats, READ_ONLY),
     (rag_delete_collection, DESTRUCTIVE),
     (rag_get_document, READ_ONLY),
+    (rag_read_neighbors, READ_ONLY),
     (rag_ingestion_status, READ_ONLY),
 ]
 

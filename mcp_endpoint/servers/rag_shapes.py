@@ -11,7 +11,7 @@ from urllib.parse import unquote, urlsplit
 from django.conf import settings
 from typing_extensions import TypedDict
 
-from kb.models import Collection, Document
+from kb.models import Chunk, Collection, Document
 from kb.search import SearchResponse, SearchResult
 from kb.selectors import collection_reembedding
 from kb.services.ingest import IngestItem, IngestReport
@@ -32,6 +32,7 @@ class HitMetadata(TypedDict):
     tokens: int
     chunk_index: int
     page: int | None
+    heading_path: list[str]
     content_type: str
     title: str
     document: dict[str, Any]
@@ -51,6 +52,7 @@ class SearchHit(TypedDict):
     content: str
     content_truncated: bool
     metadata: HitMetadata
+    document_hits: int | None
 
 
 class SearchOutput(TypedDict):
@@ -77,11 +79,13 @@ def search_hit(result: SearchResult) -> SearchHit:
         collection=result.collection,
         content=result.content,
         content_truncated=False,
+        document_hits=result.document_hits,
         metadata=HitMetadata(
             lines=result.lines,
             tokens=result.token_count,
             chunk_index=result.chunk_index,
             page=result.page,
+            heading_path=result.heading_path,
             content_type=result.content_type,
             title=result.title,
             document=result.metadata,
@@ -99,6 +103,26 @@ def search_output(response: SearchResponse) -> SearchOutput:
         results=hits,
         truncated=False,
         warnings=list(response.warnings),
+    )
+
+
+class ChunkOutput(TypedDict):
+    index: int
+    content: str
+    tokens: int
+    lines: str
+    page: int | None
+    heading_path: list[str]
+
+
+def chunk_output(chunk: Chunk) -> ChunkOutput:
+    return ChunkOutput(
+        index=chunk.index,
+        content=chunk.content,
+        tokens=chunk.token_count,
+        lines=chunk.lines,
+        page=chunk.page,
+        heading_path=chunk.heading_path,
     )
 
 
