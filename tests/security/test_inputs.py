@@ -100,6 +100,11 @@ def test_offsets_past_bigint_are_invalid_arguments_not_database_errors(client):
     mcp = error_of(call(CANONICAL, "rag_list_documents", {"collection": "c", "offset": offset}))
     assert mcp["code"] == "INVALID_ARGUMENT"
     assert api_error(get(client, "/api/collections/c/documents", offset=offset)) == (400, "INVALID_ARGUMENT")
+    document = document_create_from_text(collection=collection_create(name="d"), source_uri="x://y", text="z").document
+    mcp = error_of(call(CANONICAL, "rag_read_neighbors", {"doc_id": document.pk, "chunk_index": offset}))
+    assert mcp["code"] == "INVALID_ARGUMENT"
+    path = f"/api/documents/{document.pk}/chunks/{offset}/neighbors"
+    assert api_error(get(client, path)) == (400, "INVALID_ARGUMENT")
 
 
 NUL_LOOKUPS = {
@@ -108,6 +113,7 @@ NUL_LOOKUPS = {
     "rag_stats": {"collection": "a\x00b"},
     "rag_ingest": {"uri": "data:,hello", "collection": "a\x00b"},
     "rag_get_document": {"doc_id": "nul\x00"},
+    "rag_read_neighbors": {"doc_id": "nul\x00", "chunk_index": 0},
 }
 
 
@@ -122,7 +128,11 @@ def test_a_nul_in_an_id_or_a_collection_name_is_invalid_argument_not_a_database_
 
 def test_a_nul_in_a_rest_path_is_invalid_argument(client):
     collection_create(name="c")
-    for path in ("/api/collections/a%00b/documents", "/api/documents/nul%00"):
+    for path in (
+        "/api/collections/a%00b/documents",
+        "/api/documents/nul%00",
+        "/api/documents/nul%00/chunks/0/neighbors",
+    ):
         assert api_error(get(client, path)) == (400, "INVALID_ARGUMENT"), path
 
 
