@@ -54,9 +54,7 @@ def evaluate(collection: str, queries: list[dict], mode: str) -> dict[str, list[
 
     runs = {}
     for query in queries:
-        response = search(
-            query=query["text"], collections=[collection], top_k=DEPTH, mode=mode, group_by_document=True
-        )
+        response = search(query=query["text"], collections=[collection], top_k=DEPTH, mode=mode, group_by_document=True)
         runs[query["_id"]] = [result.source_uri.rsplit("/", 1)[1] for result in response.results]
     return runs
 
