@@ -68,6 +68,7 @@ def test_a_chunk_is_read_only_even_for_a_superuser(admin_client):
     url = reverse("admin:kb_chunk_change", args=[chunk.pk])
     page = admin_client.get(url).content.decode()
     assert "Lift comes from pressure" in page and 'name="_save"' not in page
+    assert "Heading path" in page
     admin_client.post(url, {"content": "changed"})
     chunk.refresh_from_db()
     assert chunk.content.startswith("# Wings") or "Lift" in chunk.content

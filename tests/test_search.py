@@ -96,7 +96,10 @@ def test_keyword_search_is_exact_bm25_even_when_pruned(db, monkeypatch, budget):
     response = search(query=query, collections=["many"], mode="keyword", top_k=10)
     got = [(result.chunk_id, result.keyword_score) for result in response.results]
     assert [score for _, score in got] == pytest.approx([score for _, score in expected], rel=1e-6)
-    assert {chunk for chunk, _ in got} == {chunk for chunk, _ in expected} or len({s for _, s in expected}) < 10
+    # Chunks that tie with the tenth are interchangeable; every chunk scoring above it must be there.
+    tenth = expected[-1][1]
+    above = {chunk for chunk, score in expected if score > tenth * (1 + 1e-9)}
+    assert len(above) >= 5 and {chunk for chunk, score in got if score > tenth * (1 + 1e-9)} == above
 
 
 def test_a_repeated_query_term_counts_repeatedly(corpus):
@@ -295,13 +298,16 @@ def test_filters_narrow_and_never_widen(corpus, mode):
     def found(**filters) -> set[str]:
         return set(names(search(query="speed temperature wings", collections=["aero"], mode=mode, top_k=10, **filters)))
 
+    # Every document shares a word with the query but "boundary", which keyword search cannot find.
+    findable = set(TOPICS) - ({"boundary"} if mode == "keyword" else set())
+    assert found() == findable
     assert found(document_ids=[]) == set()
     assert found(document_ids=[documents["heat"].pk]) == {"heat"}
-    assert found(content_types=["markdown"]) <= {"wings", "heat"}
+    assert found(content_types=["markdown"]) == {"wings", "heat"}
     assert found(content_types=["pdf"]) == set()
-    assert found(metadata={"lang": "fr"}) <= {"cooking"}
-    assert found(metadata={"topic": {"$in": ["heat", "shock"]}}) <= {"heat", "shock"}
-    assert found(metadata={"year": {"$gte": 2006}}) <= {"boundary", "flutter", "cooking"}
+    assert found(metadata={"lang": "fr"}) == {"cooking"}
+    assert found(metadata={"topic": {"$in": ["heat", "shock"]}}) == {"heat", "shock"}
+    assert found(metadata={"year": {"$gte": 2006}}) == {"boundary", "flutter", "cooking"} & findable
     assert found(metadata={"year": "2005"}) == set()  # typed: the string is not the number
     assert found(metadata={"no-such-key": 1}) == set()
 

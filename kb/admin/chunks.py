@@ -32,6 +32,7 @@ class ChunkAdmin(admin.ModelAdmin):
         "index",
         "lines",
         "page",
+        "heading_path",
         "token_count",
         "content_hash",
         "metadata",
