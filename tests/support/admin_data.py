@@ -101,9 +101,9 @@ def many_chunks(collection: Collection, *, documents: int, per_document: int) ->
             pass  # not a superuser: insert with the triggers, only slower
         cursor.execute(
             "INSERT INTO kb_chunk (document_id, collection_id, index, content, token_count, line_start, line_end, "
-            "content_hash, metadata) "
+            "content_hash, metadata, heading_path) "
             "SELECT d.id, d.collection_id, g, 'Chunk ' || g || ' on turbulence, lift and drag, part ' || (g %% 97), "
-            "12, g + 1, g + 1, md5(d.id || g), '{}' "
+            "12, g + 1, g + 1, md5(d.id || g), '{}', '{}' "
             "FROM kb_document d CROSS JOIN generate_series(0, %s - 1) AS g WHERE d.collection_id = %s",
             [per_document, collection.pk],
         )
