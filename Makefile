@@ -9,7 +9,7 @@ DEV := $(VENV)/.dev-installed
 TORCH := $(VENV)/.torch-installed
 STAMP := $(DEV)  # what lint and the benchmarks need
 
-.PHONY: run test test-security browser lint lock torch bench bench-quality bench-search bench-ingest bench-mcp bench-embedding clean-test-data
+.PHONY: run test test-security browser lint lock torch bench bench-quality bench-headings bench-search bench-ingest bench-mcp bench-embedding clean-test-data
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,9 @@ bench-ingest: $(STAMP)
 
 bench-quality: $(STAMP)
 	$(PY) bench/quality.py
+
+bench-headings: $(STAMP)
+	$(PY) bench/headings.py
 
 # Real MiniLM vectors through sentence-transformers, one model folder per corpus (own HNSW index).
 bench-search: $(TORCH)
