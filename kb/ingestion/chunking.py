@@ -180,13 +180,23 @@ def _line_locator(text: str) -> Callable[[int], int]:
 
 
 # ATX headings ("## Title ##") and setext underlines; fences open and close code blocks.
-_ATX_HEADING = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+_ATX_OPENING = re.compile(r" {0,3}(#{1,6})(?:[ \t]|$)")
 _SETEXT_UNDERLINE = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 # Lines that cannot be a setext heading's text: list items, quotes, tables, indented code.
 _NOT_SETEXT_TEXT = re.compile(r"^(?: {4}|\t| {0,3}(?:[-*+>|]|\d+[.)])(?:\s|$))")
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n.*?^---[ \t]*$", re.DOTALL | re.MULTILINE)
 MAX_HEADING_CHARS = 200
+
+
+def _atx_title(rest: str) -> str:
+    """An ATX heading's text without its optional closing hashes ("Title ##"), in linear time (a
+    regular expression for it backtracks quadratically on a long run of spaces)."""
+    title = rest.strip(" \t")
+    unhashed = title.rstrip("#")
+    if not unhashed or unhashed[-1] in " \t":
+        title = unhashed.rstrip(" \t")
+    return title
 
 
 def _heading_locator(text: str) -> Callable[[int], tuple[str, ...]]:
@@ -207,13 +217,15 @@ def _heading_locator(text: str) -> Callable[[int], tuple[str, ...]]:
                 fence = None
         elif fence_match:
             fence = fence_match.group(1)
-        elif atx := _ATX_HEADING.match(stripped):
-            heading = (offset, len(atx.group(1)), atx.group(2) or "")
+        elif atx := _ATX_OPENING.match(stripped):
+            heading = (offset, len(atx.group(1)), _atx_title(stripped[atx.end() :]))
         elif previous is not None and (setext := _SETEXT_UNDERLINE.match(stripped)):
             heading = (previous[0], 1 if setext.group(1)[0] == "=" else 2, previous[1])
         if heading is not None:
             at, level, title = heading
-            stack = [entry for entry in stack if entry[0] < level] + [(level, title.strip()[:MAX_HEADING_CHARS])]
+            stack = [entry for entry in stack if entry[0] < level] + [
+                (level, " ".join(title.split())[:MAX_HEADING_CHARS])
+            ]
             starts.append(at)
             paths.append(tuple(title for _, title in stack if title))
         plain = fence is None and heading is None and not fence_match and stripped.strip()

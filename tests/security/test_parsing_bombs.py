@@ -336,3 +336,13 @@ def test_a_large_json_of_tiny_arrays_is_not_decoded_into_millions_of_objects():
         tracemalloc.stop()
     assert parsed.content_type == "json" and len(parsed.text) == len(bomb)
     assert peak < 4 * len(bomb), peak  # the bytes and the text, nothing in proportion to the values
+
+
+# --- Markdown ---------------------------------------------------------------------------------------
+
+
+def test_a_heading_of_a_million_spaces_costs_linear_time_and_is_stored_short(collection):
+    # A backtracking heading pattern took quadratic time here (5 s at 20,000 spaces, days at a million).
+    heading = "# Lift" + " " * 1_000_000 + "and drag ##\n\nBody text under the heading.\n"
+    document_ingest_upload(collection=collection, filename="wide.md", data=heading.encode())
+    assert {tuple(chunk.heading_path) for chunk in Chunk.objects.filter(collection=collection)} == {("Lift and drag",)}
