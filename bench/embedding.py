@@ -1,7 +1,7 @@
 """Local embedding: the packaged ONNX int8 MiniLM against sentence-transformers + torch fp32.
 
 Both embed the SAME chunks (Cranfield documents cut by the project's chunker, the collection
-defaults) in slices of EMBEDDING_BATCH_SIZE, as ``kb.embeddings.embed_texts`` sends them for the
+defaults) in slices of EMBEDDING_BATCH_SIZE, as ``kb.embedding_providers.embed_texts`` sends them for the
 worker, in one run of alternating rounds (ONNX first in odd rounds, torch first in even
 ones) so that a busy machine slows both alike. Then:
 
@@ -82,7 +82,7 @@ def main() -> None:
     from django.conf import settings
 
     from kb import embeddings
-    from kb.embeddings import PACKAGED_MODEL, Embedder, OnnxMiniLMEmbedder, embedder_for
+    from kb.embedding_providers import PACKAGED_MODEL, Embedder, OnnxMiniLMEmbedder, embedder_for
 
     onnx = OnnxMiniLMEmbedder(PACKAGED_MODEL, batch_size=args.onnx_batch, threads=args.threads)
     sides: dict[str, Embedder] = {"onnx-int8": onnx}

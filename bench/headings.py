@@ -23,11 +23,11 @@ def ingest(name: str, corpus: list[dict], *, chunk_tokens: int, titled: bool, fr
     from kb.models import Collection, Document, DocumentStatus
     from kb.services.collections import collection_create, collection_delete
     from kb.services.documents import document_create_from_text
-    from kb.services.embedding import document_claim, document_embed
+    from kb.services.embedding_pipeline import document_claim, document_embed
 
     collection_name = f"sections-{name}-{chunk_tokens}-{'titled' if titled else 'plain'}"
     if fresh and Collection.objects.filter(name=collection_name).exists():
-        collection_delete(name=collection_name)
+        collection_delete(name=collection_name, confirm=True)
     collection = Collection.objects.filter(name=collection_name).first() or collection_create(
         name=collection_name, chunk_max_tokens=chunk_tokens, chunk_min_tokens=0
     )

@@ -61,17 +61,17 @@ def mixed_folder(root: Path, count: int) -> Path:
 
 def run(label: str, sources, collection_name: str) -> dict[str, float]:
     """sources: list of (source_uri, data bytes, filename)."""
-    from kb.embeddings import embed_texts
+    from kb.embedding_providers import embed_texts
     from kb.ingestion.chunking import chunk_text
     from kb.ingestion.formats import detect_content_type, parse
     from kb.ingestion.sources import source_hash
     from kb.models import Chunk, Collection, Document, DocumentStatus
     from kb.services.collections import collection_create, collection_delete
     from kb.services.documents import chunk_settings_of, document_save
-    from kb.services.embedding import insert_vectors
+    from kb.services.embedding_pipeline import insert_vectors
 
     if Collection.objects.filter(name=collection_name).exists():
-        collection_delete(name=collection_name)
+        collection_delete(name=collection_name, confirm=True)
     collection = collection_create(name=collection_name)
     settings = chunk_settings_of(collection)
     prepared = []

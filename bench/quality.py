@@ -33,11 +33,11 @@ def ingest(name: str, corpus: list[dict], fresh: bool, model: str | None = None)
     from kb.models import Collection, Document, DocumentStatus
     from kb.services.collections import collection_create, collection_delete
     from kb.services.documents import document_create_from_text
-    from kb.services.embedding import document_claim, document_embed
+    from kb.services.embedding_pipeline import document_claim, document_embed
 
     collection_name = f"beir-{name}" if model is None else f"beir-{name}-{zlib.crc32(model.encode()):08x}"
     if fresh and Collection.objects.filter(name=collection_name).exists():
-        collection_delete(name=collection_name)
+        collection_delete(name=collection_name, confirm=True)
     collection = Collection.objects.filter(name=collection_name).first() or collection_create(
         name=collection_name, embedding_provider="local" if model else None, embedding_model=model
     )
@@ -114,7 +114,7 @@ def dense_reference(collection: str, queries: list[dict]) -> dict[str, list[str]
     """Exact cosine over every stored vector of the collection (no index), best chunk per document."""
     import numpy as np
 
-    from kb.embeddings import embed_texts
+    from kb.embedding_providers import embed_texts
     from kb.models import Collection, Embedding
 
     target = Collection.objects.select_related("embedding_model").get(name=collection)

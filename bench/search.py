@@ -67,7 +67,7 @@ def build(size: int, rebuild: bool, vectors: str) -> tuple[str, dict[str, float]
     name = f"speed-{size}-{vectors}"
     timings: dict[str, float] = {}
     if rebuild and Collection.objects.filter(name=name).exists():
-        collection_delete(name=name)
+        collection_delete(name=name, confirm=True)
     collection = Collection.objects.filter(name=name).first() or _ingest(name, size, timings)
     if _add_vectors(collection, vectors, timings):
         _build_index(collection.embedding_model, timings)
@@ -103,9 +103,9 @@ def _add_vectors(collection, vectors: str, timings: dict[str, float]) -> bool:
     from django.db.models import Exists, OuterRef
     from tqdm import tqdm
 
-    from kb.embeddings import embed_texts
+    from kb.embedding_providers import embed_texts
     from kb.models import Chunk, Embedding
-    from kb.services.embedding import insert_vectors
+    from kb.services.embedding_pipeline import insert_vectors
 
     model = collection.embedding_model
     missing = Chunk.objects.filter(collection=collection).exclude(

@@ -25,7 +25,8 @@ from django.http.request import split_domain_port, validate_host
 
 from kb.errors import ErrorCode, KBError
 from kb.models import SCOPE_LEVELS, ApiToken, Collection, Document, TokenScope
-from kb.selectors import collection_get, document_get
+from kb.selectors.collections import collection_get
+from kb.selectors.documents import document_get
 from kb.services.tokens import token_authenticate
 
 

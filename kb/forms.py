@@ -10,7 +10,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 
 from kb.errors import KBError
 from kb.ingestion.formats import CONTENT_TYPES
-from kb.models import ApiToken, Collection, EmbeddingProvider
+from kb.models import DEFAULT_TOP_K, MAX_TOP_K, ApiToken, Collection, EmbeddingProvider
 from kb.search import MODES
 from kb.services.collections import validate_chunk_settings, validate_collection_name, validate_semantic_weight
 from kb.services.embedding_models import embedding_model_choose, model_name_for
@@ -54,7 +54,7 @@ class CollectionForm(forms.ModelForm):
         + ". Changing it re-embeds the collection in the background; search switches when it is done.",
     )
     search_top_k = forms.IntegerField(
-        label="Search top k", initial=10, validators=[MinValueValidator(1), MaxValueValidator(100)]
+        label="Search top k", initial=DEFAULT_TOP_K, validators=[MinValueValidator(1), MaxValueValidator(MAX_TOP_K)]
     )
 
     class Media:
@@ -197,7 +197,11 @@ class PlaygroundForm(forms.Form):
         help_text="Hybrid only. Empty: the collection's setting or the server default.",
     )
     top_k = forms.IntegerField(
-        min_value=1, max_value=100, required=False, label="Top k", help_text="Empty: the collection's, else 10."
+        min_value=1,
+        max_value=MAX_TOP_K,
+        required=False,
+        label="Top k",
+        help_text=f"Empty: the collection's, else {DEFAULT_TOP_K}.",
     )
     min_score = forms.FloatField(required=False, label="Minimum score (0 to 1)")
     min_similarity = forms.FloatField(required=False, min_value=-1.0, max_value=1.0, label="Minimum similarity")

@@ -7,6 +7,7 @@ statement, and the BM25 postings, which Django does not model, go with their chu
 
 import re
 import uuid
+from typing import Literal
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -44,6 +45,10 @@ class EmbeddingProvider(models.TextChoices):
     OPENAI = "openai", "OpenAI-compatible"
 
 
+# The choices as a type, for the API's and MCP's schemas.
+ProviderName = Literal[tuple(EmbeddingProvider.values)]  # type: ignore[valid-type]
+
+
 EMBEDDING_MODEL_NAME_MAX_LENGTH = 200
 
 
@@ -64,6 +69,14 @@ class EmbeddingModel(models.Model):
         return f"{self.provider}:{self.name}{dims}"
 
 
+# A collection's chunking and search settings: defaults and bounds, checked by kb.services.collections
+# and kb.search; the API's schemas, the admin's forms and the MCP tools take them from here.
+DEFAULT_CHUNK_MAX_TOKENS, DEFAULT_CHUNK_MIN_TOKENS, DEFAULT_CHUNK_OVERLAP_TOKENS = 512, 50, 0
+CHUNK_MAX_TOKENS_RANGE = (16, 8192)
+DEFAULT_TOP_K = 10
+MAX_TOP_K = 100
+
+
 class Collection(models.Model):
     name = models.CharField(
         max_length=COLLECTION_NAME_MAX_LENGTH,
@@ -82,10 +95,10 @@ class Collection(models.Model):
     # has stopped for good (None while it runs or retries): a curator retries or cancels it.
     reembed_error = models.TextField(blank=True, default="")
     reembed_stopped_at = models.DateTimeField(null=True, blank=True)
-    chunk_max_tokens = models.PositiveIntegerField(default=512)
-    chunk_min_tokens = models.PositiveIntegerField(default=50)
-    chunk_overlap_tokens = models.PositiveIntegerField(default=0)
-    search_top_k = models.PositiveIntegerField(default=10)
+    chunk_max_tokens = models.PositiveIntegerField(default=DEFAULT_CHUNK_MAX_TOKENS)
+    chunk_min_tokens = models.PositiveIntegerField(default=DEFAULT_CHUNK_MIN_TOKENS)
+    chunk_overlap_tokens = models.PositiveIntegerField(default=DEFAULT_CHUNK_OVERLAP_TOKENS)
+    search_top_k = models.PositiveIntegerField(default=DEFAULT_TOP_K)
     search_hybrid = models.BooleanField(default=True)
     # None: the server-wide KB_SEMANTIC_WEIGHT.
     semantic_weight = models.FloatField(null=True, blank=True)
@@ -104,6 +117,9 @@ class DocumentStatus(models.TextChoices):
     PROCESSING = "processing", "Processing"
     READY = "ready", "Ready"
     FAILED = "failed", "Failed"
+
+
+DocumentStatusName = Literal[tuple(DocumentStatus.values)]  # type: ignore[valid-type]
 
 
 class Document(models.Model):

@@ -37,37 +37,45 @@ import math
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 from django.conf import settings
 from django.db import connection, transaction
 from pgvector import Vector
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from kb.embeddings import EmbeddingError, embed_texts
+from kb.embedding_providers import EmbeddingError, embed_texts
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import CONTENT_TYPES
-from kb.models import Collection, EmbeddingModel
+from kb.models import DEFAULT_TOP_K, MAX_TOP_K, Collection, EmbeddingModel
 from kb.storable import check_storable
 from kb.vector_index import vector_expression
 
 Mode = Literal["hybrid", "semantic", "keyword"]
-MODES = ("hybrid", "semantic", "keyword")
-FUSIONS = ("convex", "rrf")
+MODES: tuple[str, ...] = get_args(Mode)
+Fusion = Literal["convex", "rrf"]
+FUSIONS: tuple[str, ...] = get_args(Fusion)
 METADATA_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in")
 # Below this many chunks left by a filter, an exact vector scan beats walking the HNSW graph.
 EXACT_SCAN_LIMIT = 5000
 MIN_CANDIDATE_DEPTH = 100
-DEFAULT_TOP_K = 10
+MAX_CANDIDATE_DEPTH = 10_000
 # Postings read in full before the remaining (common) query terms are only looked up.
 POSTINGS_BUDGET = 20000
 
 
-@dataclass(frozen=True)
-class SearchResult:
+class SearchResult(BaseModel):
+    """One hit: the shape every door shows (REST and ``kb_search --json`` as is; the MCP profiles
+    map it to their seeds' shapes)."""
+
+    model_config = ConfigDict(frozen=True)
+
     rank: int
-    score: float
-    fused_score: float | None
+    score: float = Field(description="Relevance from 0 to 1, on one scale in every mode (README, Search)")
+    fused_score: float | None = Field(
+        description="The weighted Reciprocal Rank Fusion value (hybrid only); hybrid results are ranked by score"
+    )
     similarity: float | None
     vector_rank: int | None
     keyword_rank: int | None
@@ -83,28 +91,33 @@ class SearchResult:
     line_start: int
     line_end: int
     page: int | None
-    heading_path: list[str]
+    heading_path: list[str] = Field(description="Titles of the sections the chunk starts in, outermost first")
     token_count: int
     metadata: dict[str, Any]
     chunk_metadata: dict[str, Any]
-    # With group_by_document: how many candidates of both lists come from this result's document.
-    document_hits: int | None = None
+    document_hits: int | None = Field(
+        None, description="With group_by_document: how many candidate chunks of both lists come from this document"
+    )
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def lines(self) -> str:
         return f"{self.line_start}-{self.line_end}"
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "lines": self.lines}
 
+class SearchResponse(BaseModel):
+    model_config = ConfigDict(frozen=True)
 
-@dataclass(frozen=True)
-class SearchResponse:
     query: str
     mode: Mode
     semantic_weight: float
     results: list[SearchResult]
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = []
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def total_results(self) -> int:
+        return len(self.results)
 
 
 @dataclass(frozen=True)
@@ -163,8 +176,9 @@ def search(
             f"The query has {len(query)} characters; the limit is {settings.KB_MAX_QUERY_CHARS} (KB_MAX_QUERY_CHARS)",
         )
     check_storable([query, metadata, document_ids, content_types, collections], what="search")
-    if top_k is not None and not 1 <= top_k <= 100:
-        raise KBError(ErrorCode.INVALID_ARGUMENT, "top_k must be between 1 and 100")
+    validate_top_k(top_k)
+    if candidate_depth is not None and not 1 <= candidate_depth <= MAX_CANDIDATE_DEPTH:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"candidate_depth must be between 1 and {MAX_CANDIDATE_DEPTH}")
     if fusion not in FUSIONS:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"fusion must be one of {', '.join(FUSIONS)}")
     if mode is not None and mode not in MODES:
@@ -245,6 +259,11 @@ def search(
 
 
 # --- arguments -------------------------------------------------------------------------------
+
+
+def validate_top_k(top_k: int | None, *, name: str = "top_k") -> None:
+    if top_k is not None and not 1 <= top_k <= MAX_TOP_K:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"{name} must be between 1 and {MAX_TOP_K}")
 
 
 def _collections(names: Sequence[str] | None) -> list[Collection]:

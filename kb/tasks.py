@@ -1,4 +1,5 @@
-"""Celery tasks: thin, id-taking wrappers around kb.services.embedding.
+"""Celery tasks: thin, id-taking wrappers around kb.services.embedding_pipeline (documents)
+and kb.services.model_switch (collections).
 
 Tasks acknowledge late and are rejected back to the queue if their worker dies; whatever a
 broker loses, the sweep finds again from the documents' status and lease in the database.
@@ -8,12 +9,11 @@ import logging
 
 from celery import shared_task
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 
-from kb.embeddings import EmbeddingError
+from kb.embedding_providers import EmbeddingError
 from kb.errors import ErrorCode, KBError
-from kb.services import embedding
-from kb.work_lanes import INTERACTIVE_QUEUE
+from kb.services import embedding_pipeline, model_switch
 
 logger = logging.getLogger(__name__)
 
@@ -35,25 +35,27 @@ RETRIED_WITH_BACKOFF = {
 
 @shared_task(**RETRIED_WITH_BACKOFF)
 def embed_document(document_id: str) -> str:
-    if not embedding.document_claim(doc_id=document_id):
+    if not embedding_pipeline.document_claim(doc_id=document_id):
         return "skipped"
     try:
-        return embedding.document_embed(doc_id=document_id)
+        return embedding_pipeline.document_embed(doc_id=document_id)
     except EmbeddingError as error:
         if error.retryable and embed_document.request.retries < embed_document.max_retries:
             logger.warning("embedding %s failed, will retry: %s", document_id, error.message)
             raise RetryableEmbeddingError(error.message) from None
-        embedding.document_fail(doc_id=document_id, error=error)
+        embedding_pipeline.document_fail(doc_id=document_id, error=error)
         return "failed"
     except DatabaseError as error:
         # Connection lost, failover...: give the document back and retry like a provider error.
         logger.warning("embedding %s hit a database error, will retry: %s", document_id, error)
-        embedding.document_release(doc_id=document_id, error=EmbeddingError(f"database error: {error}", retryable=True))
+        embedding_pipeline.document_release(
+            doc_id=document_id, error=EmbeddingError(f"database error: {error}", retryable=True)
+        )
         raise RetryableEmbeddingError(str(error)) from None
     except Exception as error:
         # A bug must not leave the document "processing" forever: fail it with the reason.
         logger.exception("embedding %s failed unexpectedly", document_id)
-        embedding.document_fail(
+        embedding_pipeline.document_fail(
             doc_id=document_id, error=KBError(ErrorCode.DATABASE_ERROR, f"Internal error while embedding: {error!r}")
         )
         return "failed"
@@ -67,20 +69,20 @@ def reembed_collection(collection_id: int) -> str:
     it): a provider error that may pass is retried with backoff, the rest stop it until a
     curator retries or cancels."""
     try:
-        while not embedding.collection_reembed_step(collection_id=collection_id):
+        while not model_switch.collection_reembed_step(collection_id=collection_id):
             pass
     except (EmbeddingError, DatabaseError) as error:
         message = error.message if isinstance(error, EmbeddingError) else f"database error: {error}"
         retryable = not isinstance(error, EmbeddingError) or error.retryable
         stopped = not retryable or reembed_collection.request.retries >= reembed_collection.max_retries
-        embedding.collection_reembed_failed(collection_id=collection_id, reason=message, stopped=stopped)
+        model_switch.collection_reembed_failed(collection_id=collection_id, reason=message, stopped=stopped)
         if stopped:
             logger.error("re-embedding collection %s stopped: %s", collection_id, message)
             return "stopped"
         raise RetryableEmbeddingError(message) from None
     except Exception as error:
         logger.exception("re-embedding collection %s failed unexpectedly", collection_id)
-        embedding.collection_reembed_failed(
+        model_switch.collection_reembed_failed(
             collection_id=collection_id, reason=f"internal error: {error!r}", stopped=True
         )
         return "stopped"
@@ -90,7 +92,7 @@ def reembed_collection(collection_id: int) -> str:
 @shared_task
 def sweep_stale_documents() -> int:
     """Send again the documents whose message was lost or whose worker died."""
-    ids = embedding.documents_needing_embedding()
+    ids = embedding_pipeline.documents_needing_embedding()
     for document_id in ids:
         embed_document.delay(document_id)  # the bulk lane: nobody is waiting any more
     if ids:
@@ -102,14 +104,3 @@ def sweep_stale_documents() -> int:
 def ping(value: str) -> str:
     """A round trip through broker, worker and result backend (used by health checks and tests)."""
     return f"pong:{value}"
-
-
-def enqueue_embedding(document_id: str, *, interactive: bool) -> None:
-    """Send the task once the surrounding transaction commits (a broker outage is logged; the sweep
-    recovers), on the interactive lane when someone waits for it (see CELERY_TASK_QUEUES)."""
-    options = {"queue": INTERACTIVE_QUEUE} if interactive else {}
-    transaction.on_commit(lambda: embed_document.apply_async((document_id,), **options), robust=True)
-
-
-def enqueue_collection_reembed(collection_id: int) -> None:
-    transaction.on_commit(lambda: reembed_collection.delay(collection_id), robust=True)

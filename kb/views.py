@@ -2,13 +2,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.views import defaults
 
-from kb import selectors
 from kb.api.auth import sees_health_details
 from kb.errors import ErrorCode, KBError
+from kb.selectors.health import health_report, ready
 
 
 def health(request: HttpRequest) -> JsonResponse:
-    report = selectors.health_report(detailed=sees_health_details(request))
+    report = health_report(detailed=sees_health_details(request))
     return JsonResponse(report, status=503 if report["status"] == "error" else 200)
 
 
@@ -19,7 +19,7 @@ def liveness(request: HttpRequest) -> JsonResponse:
 
 def readiness(request: HttpRequest) -> JsonResponse:
     """503 until the database, the broker and a worker for every queue are there (details: /health)."""
-    ok = selectors.ready()
+    ok = ready()
     return JsonResponse({"status": "ok" if ok else "not ready"}, status=200 if ok else 503)
 
 

@@ -4,7 +4,7 @@ import pytest
 from django.urls import reverse
 
 from kb.models import Chunk, Collection, Document, Embedding
-from kb.services.embedding import collection_reembed_failed, collection_switch_model
+from kb.services.model_switch import collection_reembed_failed, collection_switch_model
 from tests.support.admin_data import (
     add_text,
     fail,
@@ -47,7 +47,7 @@ def form_data(**overrides: object) -> dict[str, object]:
     return data
 
 
-def test_it_lists_collections_with_counts_per_status_and_the_model(admin_client):
+def test_the_list_shows_each_collection_s_model_with_its_counts_per_status(admin_client):
     collection = make_collection("handbook")
     ready = add_text(collection, "note://ready")
     give_vectors(ready)
@@ -101,15 +101,23 @@ def test_a_duplicate_name_is_refused(admin_client):
     assert "already exists" in response.content.decode()
 
 
-def test_it_edits_settings_and_keeps_the_name(admin_client):
+def test_it_edits_a_collection_s_settings(admin_client):
     collection = make_collection("handbook")
     response = admin_client.post(
-        change_url(collection), form_data(name="renamed", description="New words", search_top_k=3, semantic_weight="")
+        change_url(collection), form_data(description="New words", search_top_k=3, semantic_weight="")
     )
     assert response.status_code == 302
     collection.refresh_from_db()
-    assert (collection.name, collection.description, collection.search_top_k) == ("handbook", "New words", 3)
+    assert (collection.description, collection.search_top_k) == ("New words", 3)
     assert collection.semantic_weight is None
+
+
+def test_a_collection_s_name_cannot_be_changed(admin_client):
+    collection = make_collection("handbook")
+    response = admin_client.post(change_url(collection), form_data(name="renamed", description="New words"))
+    assert response.status_code == 302
+    collection.refresh_from_db()
+    assert (collection.name, collection.description) == ("handbook", "New words")
 
 
 def test_changing_the_model_starts_a_background_re_embedding(
@@ -135,7 +143,7 @@ def test_changing_the_model_starts_a_background_re_embedding(
     assert collection.next_embedding_model is None
 
 
-def test_a_model_the_provider_cannot_use_is_a_form_error_and_nothing_changes(admin_client, settings):
+def test_a_model_the_provider_cannot_use_is_a_form_error_that_changes_nothing(admin_client, settings):
     collection = make_collection("handbook")
     with fake_ollama(models=("nomic-embed-text",)) as base:
         settings.OLLAMA_HOST = base
@@ -153,26 +161,48 @@ def test_a_model_the_provider_cannot_use_is_a_form_error_and_nothing_changes(adm
     assert collection.next_embedding_model is None and not Collection.objects.filter(name="fresh").exists()
 
 
-def test_a_stopped_re_embedding_says_why_and_offers_retry_and_cancel(
-    admin_client, remote_providers, django_capture_on_commit_callbacks
-):
+@pytest.fixture
+def stopped_reembedding(remote_providers):
+    """A collection whose switch to another model stopped at its first chunk."""
     collection = make_collection("handbook")
     add_text(collection, "note://a")
     collection = collection_switch_model(collection=collection, provider="ollama", model_name="fake-embed")
     collection_reembed_failed(collection_id=collection.pk, reason="Ollama refused the request: gone", stopped=True)
-    page = admin_client.get(change_url(collection)).content.decode()
+    return collection
+
+
+def test_a_stopped_re_embedding_says_why_offering_retry_or_cancel(admin_client, stopped_reembedding):
+    page = admin_client.get(change_url(stopped_reembedding)).content.decode()
     assert "re-embedding with ollama:fake-embed, 16d stopped</strong> at 0 of 1 chunks: Ollama refused" in page
     assert "Retry re-embedding" in page and "Cancel re-embedding" in page
+
+
+def test_retrying_a_stopped_re_embedding_queues_it_again(
+    admin_client, stopped_reembedding, django_capture_on_commit_callbacks
+):
+    collection = stopped_reembedding
     with django_capture_on_commit_callbacks() as callbacks:
         admin_client.post(reverse("admin:kb_collection_reembed", args=[collection.pk, "retry"]))
     collection.refresh_from_db()
     assert (collection.reembed_stopped_at, collection.reembed_error, len(callbacks)) == (None, "", 1)
+
+
+def test_cancelling_a_re_embedding_keeps_the_current_model(admin_client, stopped_reembedding):
+    collection = stopped_reembedding
     response = admin_client.post(reverse("admin:kb_collection_reembed", args=[collection.pk, "cancel"]), follow=True)
     assert "Re-embedding cancelled: handbook stays on local:all-MiniLM-L6-v2" in response.content.decode()
     collection.refresh_from_db()
     assert collection.next_embedding_model is None
-    assert admin_client.post(reverse("admin:kb_collection_reembed", args=[collection.pk, "explode"])).status_code == 403
-    assert admin_client.get(reverse("admin:kb_collection_reembed", args=[collection.pk, "retry"])).status_code == 405
+
+
+def test_an_unknown_re_embedding_action_is_forbidden(admin_client, stopped_reembedding):
+    url = reverse("admin:kb_collection_reembed", args=[stopped_reembedding.pk, "explode"])
+    assert admin_client.post(url).status_code == 403
+
+
+def test_a_re_embedding_action_needs_a_post(admin_client, stopped_reembedding):
+    url = reverse("admin:kb_collection_reembed", args=[stopped_reembedding.pk, "retry"])
+    assert admin_client.get(url).status_code == 405
 
 
 def test_the_delete_page_says_what_the_database_will_remove(admin_client):
@@ -238,11 +268,20 @@ def test_embedding_models_are_listed_read_only(admin_client):
     assert admin_client.get(model_url).status_code == 403
 
 
-def test_the_list_searches_names_and_links_each_collection_to_its_documents_and_playground(admin_client):
-    collection = make_collection("handbook")
+def test_the_list_searches_collection_names(admin_client):
+    make_collection("handbook")
     make_collection("other")
     response = admin_client.get(LIST, {"q": "hand"})
     assert [c.name for c in response.context["cl"].result_list] == ["handbook"]
+
+
+def test_a_collection_s_page_links_to_its_documents(admin_client):
+    collection = make_collection("handbook")
     page = admin_client.get(change_url(collection)).content.decode()
     assert f"?collection__id__exact={collection.pk}" in page
+
+
+def test_a_collection_s_page_links_to_its_playground(admin_client):
+    collection = make_collection("handbook")
+    page = admin_client.get(change_url(collection)).content.decode()
     assert reverse("admin:kb_playground") + "?collections=handbook" in page

@@ -29,28 +29,48 @@ def figure(page: str, label: str) -> str:
     return re.search(rf"<dt>{label}</dt><dd>(?:<a[^>]*>)?([^<]+)", page).group(1)
 
 
-def test_it_shows_totals_and_the_ingestion_queue(admin_client):
+@pytest.fixture
+def one_of_each(admin_client):
+    """A ready, a pending and a failed document; returns the ready one and the dashboard."""
     collection = make_collection("handbook")
     ready = add_text(collection, "note://ready")
     give_vectors(ready)
     add_text(collection, "note://pending")
     fail(add_text(collection, "note://broken"), ErrorCode.LOAD_FAILED, "The file is empty")
-    page = admin_client.get(INDEX).content.decode()
+    return ready, admin_client.get(INDEX).content.decode()
+
+
+def test_it_shows_the_totals(one_of_each):
+    ready, page = one_of_each
     chunks = sum(Document.objects.values_list("chunk_count", flat=True))
     assert (figure(page, "Collections"), figure(page, "Documents"), figure(page, "Chunks")) == ("1", "3", str(chunks))
     assert figure(page, "Embeddings") == str(ready.chunk_count)
     assert figure(page, "Storage").endswith(("KB", "MB"))
+
+
+def test_it_shows_the_ingestion_queue(one_of_each):
+    _, page = one_of_each
     assert (figure(page, "Pending"), figure(page, "Processing"), figure(page, "Failed")) == ("1", "0", "1")
     assert 'data-kb-queue="failed"' in page and "?status__exact=failed" in page
 
 
-def test_recent_and_failed_ingestions_link_to_their_documents(admin_client):
+@pytest.fixture
+def fine_and_broken(admin_client):
+    """A fine and a failed document; returns the failed one and the dashboard."""
     collection = make_collection("handbook")
     add_text(collection, "note://fine", title="Fine one")
     broken = fail(add_text(collection, "note://broken", title="Broken one"), ErrorCode.LOAD_FAILED, "The file is empty")
-    page = admin_client.get(INDEX).content.decode()
+    return broken, admin_client.get(INDEX).content.decode()
+
+
+def test_recent_ingestions_list_every_document(fine_and_broken):
+    _, page = fine_and_broken
     recent = page.split("<caption>Recent ingestions</caption>")[1].split("</table>")[0]
     assert "Fine one" in recent and "Broken one" in recent
+
+
+def test_failed_ingestions_link_to_their_documents_with_the_reason(fine_and_broken):
+    broken, page = fine_and_broken
     failed = page.split("<caption>Failed ingestions</caption>")[1].split("</table>")[0]
     assert reverse("admin:kb_document_change", args=[broken.pk]) in failed
     assert "LOAD_FAILED" in failed and "The file is empty" in failed and "Fine one" not in failed

@@ -46,22 +46,30 @@ def act(client, action: str, *documents: Document, **extra):
 # --- the list ---------------------------------------------------------------------------------
 
 
-def test_the_list_shows_status_badges_collection_type_chunks_and_size(admin_client):
+@pytest.fixture
+def ready_and_failed():
     collection = make_collection("handbook")
     ready = add_text(collection, "note://wings", title="Wings")
     give_vectors(ready)
     broken = fail(add_text(collection, "note://broken", title="Broken"), ErrorCode.LOAD_FAILED, "unreadable")
+    return ready, broken
+
+
+def test_the_list_shows_each_document_s_status_badge_with_its_details(admin_client, ready_and_failed):
+    ready, broken = ready_and_failed
     page = admin_client.get(LIST).content.decode()
     assert f'data-kb-doc="{ready.pk}" data-kb-status="ready">Ready</span>' in page
     assert f'data-kb-doc="{broken.pk}" data-kb-status="failed" title="LOAD_FAILED: unreadable">Failed</span>' in page
     assert f'data-kb-progress="{ready.pk}"' in page and f"{ready.chunk_count} / {ready.chunk_count}" in page
     assert "handbook" in page and "markdown" in page and "note://wings" in page
+
+
+def test_the_list_loads_the_live_status_script(admin_client, ready_and_failed):
+    page = admin_client.get(LIST).content.decode()
     assert "kb/status.js" in page and f'data-kb-status-url="{STATUS}"' in page
 
 
-def test_the_list_never_loads_raw_content_and_costs_the_same_queries_for_many_rows(
-    admin_client, django_assert_max_num_queries
-):
+def test_the_list_stays_cheap_however_many_documents_there_are(admin_client, django_assert_max_num_queries):
     collection = make_collection("handbook")
     many_documents(collection, 3)
     with django_assert_max_num_queries(12) as few:
@@ -76,19 +84,41 @@ def test_the_list_never_loads_raw_content_and_costs_the_same_queries_for_many_ro
     assert sum("COUNT(*)" in sql for sql in document_queries) == 1
 
 
-def test_it_filters_by_collection_status_and_content_type_and_searches_title_and_source(admin_client):
+@pytest.fixture
+def two_collections():
+    """Nine documents in "handbook", three in "other"; returns a function giving the titles listed."""
     handbook, other = make_collection("handbook"), make_collection("other")
     many_documents(handbook, 9)
     many_documents(other, 3)
+    return handbook, other
 
-    def titles(query: str) -> set[str]:
-        return {doc.title for doc in admin_client.get(LIST + query).context["cl"].result_list}
 
-    assert len(titles(f"?collection__id__exact={handbook.pk}")) == 9
-    assert titles(f"?collection__id__exact={other.pk}&status__exact=failed") == {"Bulk document 2"}
-    assert titles("?content_type=python&collection__id__exact=" + str(other.pk)) == {"Bulk document 1"}
-    assert titles("?q=document+7") == {"Bulk document 7"}
-    assert len(titles("?q=bulk://other/")) == 3
+def listed_titles(client, query: str) -> set[str]:
+    return {doc.title for doc in client.get(LIST + query).context["cl"].result_list}
+
+
+def test_the_list_filters_by_collection(admin_client, two_collections):
+    handbook, _ = two_collections
+    assert len(listed_titles(admin_client, f"?collection__id__exact={handbook.pk}")) == 9
+
+
+def test_the_list_filters_by_status(admin_client, two_collections):
+    _, other = two_collections
+    assert listed_titles(admin_client, f"?collection__id__exact={other.pk}&status__exact=failed") == {"Bulk document 2"}
+
+
+def test_the_list_filters_by_content_type(admin_client, two_collections):
+    _, other = two_collections
+    query = "?content_type=python&collection__id__exact=" + str(other.pk)
+    assert listed_titles(admin_client, query) == {"Bulk document 1"}
+
+
+def test_the_list_searches_titles(admin_client, two_collections):
+    assert listed_titles(admin_client, "?q=document+7") == {"Bulk document 7"}
+
+
+def test_the_list_searches_sources(admin_client, two_collections):
+    assert len(listed_titles(admin_client, "?q=bulk://other/")) == 3
 
 
 # --- adding documents -------------------------------------------------------------------------
@@ -119,19 +149,33 @@ def test_it_uploads_several_files_at_once_into_a_collection(admin_client):
     assert sorted(messages_of(response)) == ["Created: notes.txt", "Created: retry.py", "Created: wings.md"]
 
 
-def test_a_bad_file_is_reported_by_name_and_does_not_stop_the_others(admin_client):
+def upload(client, collection, *files):
+    return client.post(ADD, {"form": "upload", "upload-collection": collection.pk, "upload-files": files}, follow=True)
+
+
+def test_a_bad_file_is_reported_by_name_without_stopping_the_others(admin_client):
     collection = make_collection("handbook")
-    files = [SimpleUploadedFile("empty.txt", b"   \n"), SimpleUploadedFile("good.txt", b"Some real text.\n")]
-    response = admin_client.post(
-        ADD, {"form": "upload", "upload-collection": collection.pk, "upload-files": files}, follow=True
+    response = upload(
+        admin_client, collection, SimpleUploadedFile("empty.txt", b"   \n"), SimpleUploadedFile("good.txt", b"Some.\n")
     )
     notes = messages_of(response)
     assert "Created: good.txt" in notes
     assert any(note.startswith("Not ingested: empty.txt: No text to index") and "LOAD_FAILED" in note for note in notes)
     assert list(Document.objects.values_list("source_uri", flat=True)) == ["upload://good.txt"]
-    # Not only flashed once: the dashboard lists it, with its reason.
+
+
+def test_a_refused_upload_stays_listed_on_the_dashboard_with_its_reason(admin_client):
+    """Not only flashed once: the dashboard lists it, with its reason."""
+    collection = make_collection("handbook")
+    upload(
+        admin_client, collection, SimpleUploadedFile("empty.txt", b"   \n"), SimpleUploadedFile("good.txt", b"Some.\n")
+    )
     dashboard = admin_client.get("/admin/").content.decode()
     assert "upload://empty.txt" in dashboard and "LOAD_FAILED" in dashboard and "No text to index" in dashboard
+
+
+def test_a_lone_bad_file_is_reported_and_recorded_as_refused(admin_client):
+    collection = make_collection("handbook")
     alone = admin_client.post(
         ADD,
         {"form": "upload", "upload-collection": collection.pk, "upload-files": [SimpleUploadedFile("e.txt", b" ")]},
@@ -226,7 +270,7 @@ def test_retry_failed_queues_only_failed_documents(admin_client, django_capture_
     assert "None of the selected documents has failed." in messages_of(response)
 
 
-def test_re_embed_drops_the_vectors_and_queues_the_document(admin_client):
+def test_re_embed_queues_the_document_again_without_its_vectors(admin_client):
     document = add_text(make_collection("handbook"), "note://wings")
     give_vectors(document)
     response = act(admin_client, "reembed", document)
@@ -309,22 +353,41 @@ def test_the_detail_page_explains_a_failure_in_plain_words(admin_client):
     assert reverse("admin:kb_document_run", args=[document.pk, "retry_failed"]) in page
 
 
-def test_the_detail_page_shows_metadata_a_truncated_preview_and_the_chunks_but_no_vectors(admin_client):
+LONG_TEXT = "\n\n".join(f"Paragraph {n}: the lift coefficient grows with the angle of attack." for n in range(120))
+
+
+@pytest.fixture
+def long_document(admin_client):
+    """A long embedded document with an author, and its detail page."""
     collection = make_collection("handbook", chunk_max_tokens=64, chunk_min_tokens=0)
-    text_ = "\n\n".join(f"Paragraph {n}: the lift coefficient grows with the angle of attack." for n in range(120))
-    document = add_text(collection, "note://long", text_, title="Lift")
+    document = add_text(collection, "note://long", LONG_TEXT, title="Lift")
     give_vectors(document)
     Document.objects.filter(pk=document.pk).update(metadata={**document.metadata, "author": "Smith"})
-    response = admin_client.get(change_url(document))
-    page = response.content.decode()
+    return document, admin_client.get(change_url(document)).content.decode()
+
+
+def test_the_detail_page_shows_the_metadata(long_document):
+    document, page = long_document
     assert '<th scope="row">author</th><td>Smith</td>' in page
     ingested = document.metadata["ingestion_date"]
     assert re.search(rf'<th scope="row">ingestion_date</th><td>\w+\.? \d+, 20\d\d, [^<]+ \({ingested}\)</td>', page)
+
+
+def test_the_detail_page_previews_only_the_start_of_the_text(long_document):
+    _, page = long_document
     assert "Paragraph 0: the lift" in page and "Paragraph 119" not in page.split("kb-preview")[1].split("</pre>")[0]
-    assert f"The first 3,000 of {len(text_):,} characters." in page
+    assert f"The first 3,000 of {len(LONG_TEXT):,} characters." in page
+
+
+def test_the_detail_page_lists_the_chunks_without_their_vectors(long_document):
+    document, page = long_document
     assert page.count('<span class="kb-yes">yes</span>') == document.chunk_count
     assert "0.1," not in page and "vector" not in page.lower().replace("search_vector", "")
-    assert 'name="_save"' not in page  # nothing to edit by hand
+
+
+def test_the_detail_page_offers_nothing_to_edit_by_hand(long_document):
+    _, page = long_document
+    assert 'name="_save"' not in page
 
 
 def test_the_detail_page_marks_chunks_without_a_vector(admin_client):
@@ -346,12 +409,18 @@ def test_the_detail_page_buttons_run_the_same_actions(admin_client):
 # --- live status ------------------------------------------------------------------------------
 
 
-def test_the_status_endpoint_reports_progress_and_the_queue(admin_client):
+@pytest.fixture
+def processing_and_ready():
     collection = make_collection("handbook")
     pending = add_text(collection, "note://pending")
     ready = add_text(collection, "note://ready")
     give_vectors(ready)
     Document.objects.filter(pk=pending.pk).update(status=DocumentStatus.PROCESSING, embedded_count=1)
+    return pending, ready
+
+
+def test_the_status_endpoint_reports_each_document_s_progress(admin_client, processing_and_ready):
+    pending, ready = processing_and_ready
     response = admin_client.get(STATUS, {"id": [pending.pk, ready.pk, "01NOTADOCUMENT000000000000"]})
     data = json.loads(response.content)
     by_id = {doc["id"]: doc for doc in data["documents"]}
@@ -366,6 +435,11 @@ def test_the_status_endpoint_reports_progress_and_the_queue(admin_client):
         "embedded_count": 1,
     }
     assert by_id[ready.pk]["status"] == "ready"
+
+
+def test_the_status_endpoint_reports_the_queue(admin_client, processing_and_ready):
+    pending, ready = processing_and_ready
+    data = json.loads(admin_client.get(STATUS, {"id": [pending.pk, ready.pk]}).content)
     assert data["queue"] == {"pending": 0, "processing": 1, "failed": 0}
 
 

@@ -4,7 +4,6 @@ import pytest
 from django.urls import reverse
 
 from kb.services.collections import collection_create
-from kb.services.embedding import document_claim, document_embed
 from tests.support.admin_data import (
     add_text,
     fast_password_hashing,  # noqa: F401 - an autouse fixture
@@ -12,6 +11,7 @@ from tests.support.admin_data import (
     staff_client,
 )
 from tests.support.fake_providers import fake_ollama
+from tests.support.worker import embed_now
 
 pytestmark = pytest.mark.django_db
 
@@ -32,8 +32,7 @@ def embedded_collection(settings):
         collection = collection_create(name="aero", embedding_provider="ollama", embedding_model="fake-embed")
         for uri, (title, text) in PAGES.items():
             document = add_text(collection, uri, text, title=title)
-            assert document_claim(doc_id=document.pk)
-            assert document_embed(doc_id=document.pk) == "ready"
+            embed_now(document.pk)  # asserts the document was claimed and ended ready
         yield collection
 
 
@@ -52,9 +51,7 @@ def test_the_page_offers_every_search_setting(admin_client):
     assert admin_client.get(PLAYGROUND).context["response"] is None
 
 
-def test_a_hybrid_search_shows_fused_score_similarity_both_ranks_highlights_and_links(
-    admin_client, embedded_collection
-):
+def test_a_hybrid_search_shows_every_detail_of_its_results(admin_client, embedded_collection):
     response = admin_client.get(
         PLAYGROUND, {"q": "wing stalls at the critical angle", "collections": "aero", "mode": "hybrid", "top_k": 3}
     )
@@ -69,33 +66,54 @@ def test_a_hybrid_search_shows_fused_score_similarity_both_ranks_highlights_and_
     assert "lines 1\u20131" in page and "Fused (RRF)" in page and "Vector rank" in page and "Keyword rank" in page
 
 
-def test_the_semantic_weight_and_mode_reach_the_search(admin_client, embedded_collection):
+def test_the_chosen_mode_reaches_the_search(admin_client, embedded_collection):
     keyword = results_of(admin_client.get(PLAYGROUND, {"q": "pressure", "mode": "keyword", "top_k": 10}))
     assert {result.title for result in keyword} == {"Lift", "Drag"}
     assert all(result.vector_rank is None for result in keyword)
+
+
+def test_the_chosen_semantic_weight_reaches_the_search(admin_client, embedded_collection):
     response = admin_client.get(PLAYGROUND, {"q": "pressure", "mode": "hybrid", "semantic_weight": "0.2", "top_k": 10})
     assert response.context["response"].semantic_weight == 0.2
     assert "semantic weight 0.20" in response.content.decode()
 
 
-def test_top_k_min_score_and_metadata_filters_narrow_the_results(admin_client):
+@pytest.fixture
+def turbulence_notes():
+    """Four notes that all match "turbulence", of the years 2020 to 2023."""
     collection = make_collection("handbook")
     for n in range(4):
         document = add_text(collection, f"note://{n}", f"Turbulence note number {n}.\n", title=f"Note {n}")
         document.metadata = {**document.metadata, "year": 2020 + n}
         document.save(update_fields=["metadata"])
-    base = {"q": "turbulence", "mode": "keyword"}
-    assert len(results_of(admin_client.get(PLAYGROUND, {**base, "top_k": 2}))) == 2
-    filtered = results_of(admin_client.get(PLAYGROUND, {**base, "top_k": 10, "metadata": '{"year": {"$gte": 2022}}'}))
+
+
+KEYWORD_TURBULENCE = {"q": "turbulence", "mode": "keyword"}
+# "whirlwind" is in no note: each holds a small part of what was asked.
+WEAK_QUERY = {"q": "turbulence whirlwind", "mode": "keyword"}
+
+
+def test_top_k_caps_the_number_of_results(admin_client, turbulence_notes):
+    assert len(results_of(admin_client.get(PLAYGROUND, {**KEYWORD_TURBULENCE, "top_k": 2}))) == 2
+
+
+def test_a_metadata_filter_narrows_the_results(admin_client, turbulence_notes):
+    filtered = results_of(
+        admin_client.get(PLAYGROUND, {**KEYWORD_TURBULENCE, "top_k": 10, "metadata": '{"year": {"$gte": 2022}}'})
+    )
     assert {result.title for result in filtered} == {"Note 2", "Note 3"}
-    # "whirlwind" is in no note: each holds a small part of what was asked.
-    weak = {"q": "turbulence whirlwind", "mode": "keyword"}
-    assert len(results_of(admin_client.get(PLAYGROUND, {**weak, "top_k": 10}))) == 4
-    assert results_of(admin_client.get(PLAYGROUND, {**weak, "top_k": 10, "min_score": "0.5"})) == []
-    assert "Nothing matched" in admin_client.get(PLAYGROUND, {**weak, "min_score": "0.5"}).content.decode()
+
+
+def test_min_score_drops_weak_results(admin_client, turbulence_notes):
+    assert len(results_of(admin_client.get(PLAYGROUND, {**WEAK_QUERY, "top_k": 10}))) == 4
+    assert results_of(admin_client.get(PLAYGROUND, {**WEAK_QUERY, "top_k": 10, "min_score": "0.5"})) == []
+    assert "Nothing matched" in admin_client.get(PLAYGROUND, {**WEAK_QUERY, "min_score": "0.5"}).content.decode()
+
+
+def test_a_min_score_out_of_range_is_a_form_error(admin_client, turbulence_notes):
     assert (
         "min_score must be between 0.0 and 1.0"
-        in admin_client.get(PLAYGROUND, {**base, "min_score": "100"}).content.decode()
+        in admin_client.get(PLAYGROUND, {**KEYWORD_TURBULENCE, "min_score": "100"}).content.decode()
     )
 
 

@@ -53,7 +53,7 @@ def test_the_chunk_list_reads_one_page_through_an_index_at_100000_chunks(admin_c
     assert "Seq Scan on kb_chunk" not in plan, plan
 
 
-def test_collection_document_and_dashboard_pages_never_read_chunks(admin_client, big_collection):
+def test_the_overview_pages_never_read_chunks(admin_client, big_collection):
     for page in ("admin:kb_collection_changelist", "admin:kb_document_changelist", "admin:index"):
         with CaptureQueriesContext(connection) as captured:
             assert admin_client.get(reverse(page)).status_code == 200

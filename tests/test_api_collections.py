@@ -12,7 +12,7 @@ from tests.support.fake_providers import fake_ollama
 pytestmark = pytest.mark.django_db
 
 
-def test_it_creates_a_collection_and_shows_its_settings_and_totals(client):
+def test_it_creates_a_collection_showing_its_settings_with_totals(client):
     response = post(client, "/api/collections", {"name": "docs", "description": "Guides", "chunk_max_tokens": 256})
     assert response.status_code == 201
     body = response.json()
@@ -26,7 +26,7 @@ def test_it_creates_a_collection_and_shows_its_settings_and_totals(client):
     assert Collection.objects.filter(name="docs").exists()
 
 
-def test_it_lists_collections_with_document_and_chunk_totals(client):
+def test_it_lists_collections_with_their_totals(client):
     docs = collection_create(name="docs")
     collection_create(name="code", description="Source")
     document_create_from_text(collection=docs, source_uri="note://a", text="Alpha text.")
@@ -76,7 +76,7 @@ def test_invalid_settings_are_400_invalid_argument(client, body):
     assert not Collection.objects.exists()
 
 
-def test_it_updates_chunking_and_search_settings(client):
+def test_it_updates_a_collection_s_settings(client):
     collection_create(name="docs", semantic_weight=0.3)
     response = patch(
         client,
@@ -88,6 +88,10 @@ def test_it_updates_chunking_and_search_settings(client):
     assert body["description"] == "New"
     assert body["settings"]["chunking"]["max_tokens"] == 300
     assert body["settings"]["search"] == {"top_k": 5, "hybrid": False, "semantic_weight": 0.3}
+
+
+def test_clearing_a_collection_s_semantic_weight_leaves_none(client):
+    collection_create(name="docs", semantic_weight=0.3)
     cleared = patch(client, "/api/collections/docs", {"clear_semantic_weight": True}).json()
     assert cleared["settings"]["search"]["semantic_weight"] is None
 

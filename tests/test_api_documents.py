@@ -10,8 +10,9 @@ from kb.models import Document, Embedding, IngestRefusal
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from kb.services.ingest import IngestItem, ingest_refusals_record
-from tests.support.api_helpers import delete, embed_now, error_of, get, post
+from tests.support.api_helpers import delete, error_of, get, post
 from tests.support.documents import MARKDOWN, make_pdf, write_mixed_folder
+from tests.support.worker import embed_now
 
 pytestmark = pytest.mark.django_db
 
@@ -25,7 +26,7 @@ def data_uri(text: str) -> str:
     return "data:text/plain;base64," + base64.b64encode(text.encode()).decode()
 
 
-def test_it_ingests_a_data_uri_with_metadata_and_a_title(client, docs):
+def test_it_ingests_a_data_uri_with_the_fields_given(client, docs):
     response = post(
         client,
         "/api/collections/docs/documents",
@@ -40,11 +41,16 @@ def test_it_ingests_a_data_uri_with_metadata_and_a_title(client, docs):
     assert item["chunks"] >= 1
     document = Document.objects.get(pk=item["doc_id"])
     assert (document.title, document.content_type, document.metadata["author"]) == ("Guide", "markdown", "Smith")
+
+
+def test_the_same_data_uri_ingested_again_is_unchanged(client, docs):
+    first = post(client, "/api/collections/docs/documents", {"uri": data_uri(MARKDOWN), "content_type": "markdown"})
+    assert first.json()["created"] == 1
     again = post(client, "/api/collections/docs/documents", {"uri": data_uri(MARKDOWN), "content_type": "markdown"})
     assert again.json()["unchanged"] == 1
 
 
-def test_it_ingests_a_folder_under_the_file_roots_and_reports_each_file(client, docs, tmp_path, settings):
+def test_it_ingests_a_folder_under_the_file_roots_reporting_each_file(client, docs, tmp_path, settings):
     settings.KB_FILE_ROOTS = [str(tmp_path)]
     write_mixed_folder(tmp_path / "docs")
     (tmp_path / "docs" / "broken.json").write_text("{not json")
@@ -56,6 +62,12 @@ def test_it_ingests_a_folder_under_the_file_roots_and_reports_each_file(client, 
     (failure,) = [item for item in body["items"] if item["outcome"] == "failed"]
     assert failure["source_uri"].endswith("broken.json")
     assert failure["error"]["code"] == "LOAD_FAILED"
+
+
+def test_a_folder_ingested_without_recursion_skips_its_subfolders(client, docs, tmp_path, settings):
+    settings.KB_FILE_ROOTS = [str(tmp_path)]
+    write_mixed_folder(tmp_path / "docs")
+    (tmp_path / "docs" / "broken.json").write_text("{not json")
     flat = post(client, "/api/collections/docs/documents", {"uri": (tmp_path / "docs").as_uri(), "recursive": False})
     assert len(flat.json()["items"]) == 7  # src/ with its two files is skipped
 
@@ -84,7 +96,7 @@ def test_ingesting_into_an_unknown_collection_is_404(client):
     assert error_of(response) == (404, "COLLECTION_NOT_FOUND")
 
 
-def test_it_uploads_several_files_and_reports_each(client, docs):
+def test_it_uploads_several_files_reporting_each(client, docs):
     guide = io.BytesIO(MARKDOWN.encode())
     guide.name = "guide.md"
     paper = io.BytesIO(make_pdf(["Lift and drag of slender wings."], title="Wings"))
@@ -121,31 +133,49 @@ def test_a_single_upload_that_fails_answers_with_its_error(client, docs):
     assert error_of(response) == (400, "INVALID_ARGUMENT")
 
 
-def test_it_lists_documents_with_limit_offset_and_status(client, docs):
-    ids = [
+@pytest.fixture
+def five_notes(docs) -> list[str]:
+    return [
         document_create_from_text(collection=docs, source_uri=f"note://{n}", text=f"Note {n}.").document.pk
         for n in range(5)
     ]
-    embed_now(ids[0])
+
+
+def test_it_lists_documents_a_page_at_a_time(client, five_notes):
     page = get(client, "/api/collections/docs/documents", limit=2, offset=1).json()
     assert (page["collection"], page["count"], page["limit"], page["offset"]) == ("docs", 2, 2, 1)
-    assert [d["id"] for d in page["documents"]] == ids[1:3]
+    assert [d["id"] for d in page["documents"]] == five_notes[1:3]
+
+
+def test_it_lists_the_documents_of_one_status(client, five_notes):
+    embed_now(five_notes[0])
     ready = get(client, "/api/collections/docs/documents", status="ready").json()
-    assert [d["id"] for d in ready["documents"]] == [ids[0]]
+    assert [d["id"] for d in ready["documents"]] == [five_notes[0]]
     assert ready["documents"][0]["embedded_count"] == 1
+
+
+def test_a_listing_with_bad_arguments_is_refused(client, docs):
     assert error_of(get(client, "/api/collections/docs/documents", limit=1001)) == (400, "INVALID_ARGUMENT")
     assert error_of(get(client, "/api/collections/docs/documents", status="lost")) == (400, "INVALID_ARGUMENT")
     assert error_of(get(client, "/api/collections/nope/documents")) == (404, "COLLECTION_NOT_FOUND")
 
 
-def test_it_gets_a_document_with_its_chunks_and_text_on_request(client, docs):
-    document = document_create_from_text(
+@pytest.fixture
+def guide(docs):
+    return document_create_from_text(
         collection=docs, source_uri="note://guide", text=MARKDOWN, content_type="markdown", metadata={"year": 2024}
     ).document
-    plain = get(client, f"/api/documents/{document.pk}").json()
+
+
+def test_it_gets_a_document_without_its_chunks_or_text_by_default(client, guide):
+    plain = get(client, f"/api/documents/{guide.pk}").json()
     assert plain["status"] == "pending"
     assert plain["metadata"]["year"] == 2024
     assert plain["chunks"] is None and plain["content"] is None
+
+
+def test_it_gets_a_document_s_chunks_with_its_text_on_request(client, guide):
+    document = guide
     full = get(client, f"/api/documents/{document.pk}", chunks="true", content="true").json()
     assert full["content"].startswith("# Deployment guide")
     assert [chunk["index"] for chunk in full["chunks"]] == list(range(document.chunk_count))
@@ -173,7 +203,7 @@ def test_reingest_rechunks_with_the_collections_current_settings(client, docs):
     assert body["chunks"] > before
 
 
-def test_reembed_drops_the_vectors_and_queues_the_document_again(client, docs):
+def test_reembed_queues_the_document_again_without_its_vectors(client, docs):
     document = document_create_from_text(collection=docs, source_uri="note://a", text="Alpha text.").document
     embed_now(document.pk)
     assert Embedding.objects.filter(chunk__document=document).count() == 1
@@ -213,7 +243,7 @@ def test_a_file_name_past_the_multipart_header_limit_is_a_json_400(client, docs)
     assert "could not be read" in response.json()["error"]["message"]
 
 
-def test_refusals_are_stored_readably_whatever_the_names_and_messages_hold(docs):
+def test_refusals_are_stored_readably_whatever_their_text_holds(docs):
     items = [
         IngestItem(
             source_uri="upload://bad\x00name\udcff.json",

@@ -7,8 +7,8 @@ import pytest
 from django.utils import timezone
 
 from config.celery import app
-from kb.health import broker_check, readiness
 from kb.models import WorkerHeartbeat
+from kb.selectors.health import broker_check, readiness
 from kb.services.workers import worker_beat, worker_gone
 from tests.conftest import free_port
 from tests.support.fake_providers import remote_collection
@@ -22,7 +22,7 @@ def ollama_tags(*names: str):
     return lambda handler, body: (200, {"content-type": "application/json"}, payload)
 
 
-def test_it_reports_database_broker_and_the_local_model(client, live_worker):
+def test_it_reports_the_state_of_each_dependency(client, live_worker):
     response = client.get("/api/health")
     assert response.status_code == 200
     body = response.json()
@@ -115,7 +115,7 @@ def test_only_a_missing_database_or_broker_makes_the_server_unready(database, br
     assert readiness(checks) == status
 
 
-def test_without_a_worker_on_every_queue_it_is_degraded_and_not_ready(client, settings):
+def test_without_a_worker_on_every_queue_the_server_is_degraded_not_ready(client, settings):
     def worker_state():
         body = client.get("/api/health").json()
         return body["status"], body["checks"]["worker"], client.get("/health/ready").status_code

@@ -7,9 +7,10 @@ import pytest
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from tests.conftest import free_port
-from tests.support.api_helpers import embed_now, error_of, get, patch, post
+from tests.support.api_helpers import error_of, get, patch, post
 from tests.support.documents import MARKDOWN, PYTHON
 from tests.support.fake_providers import remote_collection
+from tests.support.worker import embed_now
 
 pytestmark = pytest.mark.django_db
 
@@ -83,11 +84,14 @@ def test_a_collection_s_search_settings_apply_when_the_request_leaves_them_out(c
     assert both["mode"] == "hybrid" and both["total_results"] > 1
 
 
-def test_keyword_and_semantic_modes(client, library):
+def test_keyword_mode_searches_by_words_alone(client, library):
     keyword = search(client, query="Backoff delay", mode="keyword").json()
     assert keyword["semantic_weight"] == 0.0
     assert keyword["results"][0]["source_uri"] == "file:///retry.py"
     assert all(result["vector_rank"] is None for result in keyword["results"])
+
+
+def test_semantic_mode_searches_by_meaning_alone(client, library):
     semantic = search(client, query="retrying a failing call with exponential waits", mode="semantic").json()
     assert semantic["semantic_weight"] == 1.0
     assert semantic["results"][0]["source_uri"] == "file:///retry.py"

@@ -23,7 +23,7 @@ def test_markdown_is_split_at_headings_before_anything_else():
         assert chunk.content in lines_of(text, chunk)
 
 
-def test_code_is_split_at_functions_and_classes():
+def test_code_is_split_at_its_definitions():
     chunks = chunk_text(PYTHON, content_type="python", settings=ChunkSettings(max_tokens=64, min_tokens=0))
     starts = [chunk.content.split("\n")[0] for chunk in chunks]
     assert any(line.startswith("def retry") for line in starts)
@@ -34,11 +34,24 @@ def test_code_is_split_at_functions_and_classes():
     assert any(chunk.content.startswith("async fn handle_error") for chunk in rust)
 
 
-def test_prose_is_split_by_paragraphs_and_sentences_within_max_tokens():
+def prose_chunks() -> list:
+    """Six paragraphs of twenty sentences each, chunked at most 100 tokens long."""
     text = "\n\n".join(f"Paragraph {n}. " + "The quick brown fox jumps over the lazy dog. " * 20 for n in range(6))
-    chunks = chunk_text(text, content_type="plain_text", settings=ChunkSettings(max_tokens=100, min_tokens=0))
-    assert all(chunk.token_count <= 100 for chunk in chunks)
-    assert all(chunk.content.rstrip().endswith(".") for chunk in chunks)  # no cut mid-sentence
+    return chunk_text(text, content_type="plain_text", settings=ChunkSettings(max_tokens=100, min_tokens=0))
+
+
+def test_prose_chunks_stay_within_max_tokens():
+    chunks = prose_chunks()
+    assert len(chunks) > 1 and all(chunk.token_count <= 100 for chunk in chunks)
+
+
+def test_prose_is_never_cut_mid_sentence():
+    chunks = prose_chunks()
+    assert len(chunks) > 1 and all(chunk.content.rstrip().endswith(".") for chunk in chunks)
+
+
+def test_chunks_are_numbered_in_order():
+    chunks = prose_chunks()
     assert [chunk.index for chunk in chunks] == list(range(len(chunks)))
 
 
@@ -60,7 +73,7 @@ def test_overlap_repeats_text_between_neighbours():
         assert first.content[-20:] in second.content or second.content[:20] in first.content
 
 
-def test_pages_are_never_crossed_and_are_recorded():
+def test_each_chunk_lies_within_one_page_it_records():
     page_one, page_two = "First page text. " * 5, "Second page text. " * 5
     text = page_one + "\n\n" + page_two
     pages = [Page(1, 0, len(page_one)), Page(2, len(page_one) + 2, len(text))]

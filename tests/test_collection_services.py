@@ -36,7 +36,7 @@ def test_a_duplicate_name_is_collection_exists(db):
 
 def test_deleting_an_unknown_collection_is_collection_not_found(db):
     with pytest.raises(KBError) as error:
-        collection_delete(name="missing")
+        collection_delete(name="missing", confirm=True)
     assert error.value.code == ErrorCode.COLLECTION_NOT_FOUND
 
 

@@ -9,10 +9,10 @@ from django.core.management import CommandError, call_command, load_command_clas
 from kb.models import ApiToken, Collection, Document
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
-from kb.services.embedding import collection_reembed_failed, collection_switch_model
+from kb.services.model_switch import collection_reembed_failed, collection_switch_model
 from kb.services.tokens import token_authenticate
-from tests.support.api_helpers import embed_now
 from tests.support.documents import MARKDOWN, PYTHON
+from tests.support.worker import embed_now
 
 pytestmark = pytest.mark.django_db
 

@@ -10,22 +10,22 @@ TEXT = "# Wings\n\nLift comes from pressure differences.\n\n## Drag\n\nDrag grow
 
 
 def add_vectors(document: Document) -> None:
-    """Give every chunk a vector directly, as the embedding task would."""
+    """Give every chunk a vector of the collection's model directly, as the embedding task would."""
+    model = document.collection.embedding_model
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at) "
-            "SELECT c.id, %s, c.collection_id, array_fill(0.1, ARRAY[384])::vector, now() "
+            "SELECT c.id, %s, c.collection_id, array_fill(0.1, ARRAY[%s])::vector, now() "
             "FROM kb_chunk c WHERE c.document_id = %s",
-            [document.collection.embedding_model_id, document.pk],
+            [model.pk, model.dimensions, document.pk],
         )
 
 
-def test_it_stores_a_document_and_its_chunks_in_one_go(db, django_capture_on_commit_callbacks):
+def test_it_stores_a_document_with_its_chunks_in_one_go(db):
     collection = collection_create(name="docs")
-    with django_capture_on_commit_callbacks() as callbacks:
-        stored = document_create_from_text(
-            collection=collection, source_uri="note://wings", text=TEXT, content_type="markdown"
-        )
+    stored = document_create_from_text(
+        collection=collection, source_uri="note://wings", text=TEXT, content_type="markdown"
+    )
     document = stored.document
     assert stored.outcome == "created"
     assert len(document.pk) == 26  # a ULID
@@ -34,7 +34,13 @@ def test_it_stores_a_document_and_its_chunks_in_one_go(db, django_capture_on_com
     assert document.chunk_count == len(chunks) >= 1
     assert chunks[0].line_start == 1 and chunks[-1].line_end == TEXT.count("\n")
     assert "".join(chunk.content for chunk in chunks).replace("\n", "") == TEXT.replace("\n", "")
-    assert len(callbacks) == 1  # the embedding task is sent after commit
+
+
+def test_a_stored_document_s_embedding_task_is_sent_after_commit(db, django_capture_on_commit_callbacks):
+    collection = collection_create(name="docs")
+    with django_capture_on_commit_callbacks() as callbacks:
+        document_create_from_text(collection=collection, source_uri="note://wings", text=TEXT, content_type="markdown")
+    assert len(callbacks) == 1
 
 
 def test_identical_text_again_is_a_no_op(db):
@@ -46,7 +52,7 @@ def test_identical_text_again_is_a_no_op(db):
     assert Document.objects.count() == 1
 
 
-def test_deleting_a_document_removes_its_chunks_and_embeddings(db):
+def test_deleting_a_document_removes_everything_stored_under_it(db):
     collection = collection_create(name="docs")
     document = document_create_from_text(collection=collection, source_uri="note://wings", text=TEXT).document
     add_vectors(document)
@@ -63,7 +69,7 @@ def test_deleting_a_collection_removes_everything_in_it(db):
     document = document_create_from_text(collection=collection, source_uri="note://a", text=TEXT).document
     add_vectors(document)
     kept = document_create_from_text(collection=other, source_uri="note://b", text=TEXT).document
-    deletion = collection_delete(name="docs")
+    deletion = collection_delete(name="docs", confirm=True)
     assert (deletion.documents, deletion.chunks) == (1, document.chunk_count)
     assert list(Document.objects.values_list("pk", flat=True)) == [kept.pk]
     assert not Embedding.objects.exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kb.embeddings import (
+from kb.embedding_providers import (
     MAX_WORD_PIECES,
     EmbeddingError,
     OnnxMiniLMEmbedder,
@@ -72,7 +72,7 @@ def test_a_text_longer_than_the_model_window_reaches_its_vector_to_the_end():
 
 
 def _embed_in_forked_child() -> tuple[int, int]:
-    from kb import embeddings
+    from kb import embedding_providers as embeddings
 
     vector = embed_texts("local", "all-MiniLM-L6-v2", ["boundary layers"])[0]
     return len(vector), len(embeddings._forked_sessions)
@@ -88,7 +88,7 @@ def test_a_forked_child_runs_a_session_of_its_own():
 
 def test_another_model_file_under_the_packaged_name_is_refused(monkeypatch):
     """Another file would give vectors in another space under the stored vectors' model name."""
-    from kb import embeddings
+    from kb import embedding_providers as embeddings
 
     monkeypatch.setattr(embeddings, "PACKAGED_MODEL_SHA256", "0" * 64)
     monkeypatch.setattr(embeddings, "_onnx_sessions", {})
@@ -156,8 +156,8 @@ def test_the_packaged_model_needs_no_torch():
 
         django.setup()
         from django.conf import settings
-        from kb.embeddings import EmbeddingError, embed_texts
-        from kb.health import _local_check
+        from kb.embedding_providers import EmbeddingError, embed_texts
+        from kb.selectors.health import _local_check
 
         first, second = embed_texts("local", "all-MiniLM-L6-v2", ["boundary layers", "chocolate cake"])
         print(len(first), round(sum(v * v for v in first), 4), _local_check("all-MiniLM-L6-v2")["ok"])
@@ -243,7 +243,7 @@ def test_importing_the_tasks_does_not_load_the_ml_stack():
     heavy = ("torch", "sentence_transformers", "transformers", "onnxruntime", "tokenizers", "numpy")
     code = (
         "import django, os, sys; os.environ['DJANGO_SETTINGS_MODULE'] = 'config.settings'; django.setup(); "
-        "import kb.tasks, kb.services.ingest, kb.search, config.asgi; from kb.health import _local_check; "
+        "import kb.tasks, kb.services.ingest, kb.search, config.asgi; from kb.selectors.health import _local_check; "
         "assert _local_check('all-MiniLM-L6-v2')['ok']; "
         f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )

@@ -9,10 +9,10 @@ from django.db import connection
 from django.db.models import Count
 
 from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding, WorkerHeartbeat
-from kb.selectors import collection_reembedding
+from kb.selectors.collections import collection_reembedding
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text, document_mark_pending
-from kb.services.embedding import collection_switch_model
+from kb.services.model_switch import collection_switch_model
 from tests.conftest import free_port, start_worker, wait_for
 from tests.support.fake_providers import DIMENSIONS, fake_ollama, fake_openai, remote_collection
 

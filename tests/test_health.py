@@ -1,4 +1,4 @@
-def test_health_reports_the_database_and_pgvector(client, db, live_worker):
+def test_health_reports_the_database_with_its_pgvector_version(client, db, live_worker):
     response = client.get("/health")
     assert response.status_code == 200
     body = response.json()

@@ -28,12 +28,13 @@ def ingest(collection, uri, roots, **options):
 
 def embed_everything(collection) -> None:
     """Vectors for every chunk, as the worker would store them (the worker itself is tested elsewhere)."""
+    model = collection.embedding_model
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at) "
-            "SELECT c.id, %s, c.collection_id, array_fill(0.1, ARRAY[384])::vector, now() FROM kb_chunk c "
+            "SELECT c.id, %s, c.collection_id, array_fill(0.1, ARRAY[%s])::vector, now() FROM kb_chunk c "
             "WHERE c.collection_id = %s ON CONFLICT DO NOTHING",
-            [collection.embedding_model_id, collection.pk],
+            [model.pk, model.dimensions, collection.pk],
         )
 
 

@@ -11,7 +11,7 @@ from django.db import connection
 from mcp.shared.exceptions import MCPError
 
 from kb.access import Access
-from kb.ingestion_status import STILL_EMBEDDING
+from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_create, collection_update
 from mcp_endpoint.servers import build_server, canonical
 from mcp_endpoint.servers.prompts import GROUNDED_QA
@@ -21,13 +21,12 @@ from tests.support.mcp_client import (  # noqa: F401
     call,
     call_ok,
     committed_db,
-    embed_pending,
-    embed_pending_soon,
     error_of,
     in_memory,
     tool_threads,
     tools_of,
 )
+from tests.support.worker import embed_pending, embed_pending_soon
 
 pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
 

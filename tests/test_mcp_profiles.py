@@ -8,8 +8,8 @@ from unittest.mock import ANY
 import pytest
 
 from kb.access import Access
-from kb.ingestion_status import STILL_EMBEDDING
 from kb.models import Collection, Document
+from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from mcp_endpoint.servers import build_server
@@ -21,11 +21,11 @@ from tests.support.mcp_client import (  # noqa: F401
     call_ok,
     call_text,
     committed_db,
-    embed_pending,
     in_memory,
     tool_threads,
     tools_of,
 )
+from tests.support.worker import embed_pending
 
 pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
 

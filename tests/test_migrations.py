@@ -1,5 +1,6 @@
 from django.db import connection
 
+from kb.embedding_providers import MINILM_DIMENSIONS
 from kb.models import EmbeddingModel
 from kb.services.embedding_models import embedding_model_record_dimensions
 from kb.vector_index import hnsw_index_name
@@ -27,7 +28,7 @@ def test_it_has_an_hnsw_index_for_the_default_local_model(db):
     model = EmbeddingModel.objects.get(provider="local", name="all-MiniLM-L6-v2")
     definition = indexdefs()[hnsw_index_name(model)]
     assert "USING hnsw" in definition
-    assert "vector(384)" in definition
+    assert f"vector({MINILM_DIMENSIONS})" in definition
     assert f"model_id = {model.pk}" in definition
 
 
@@ -36,6 +37,7 @@ def test_it_indexes_models_of_different_dimensions_in_one_table(db):
     embedding_model_record_dimensions(model=small, dimensions=3)
     definition = indexdefs()[hnsw_index_name(small)]
     assert "vector(3)" in definition and f"model_id = {small.pk}" in definition
+    packaged = EmbeddingModel.objects.get(provider="local", name="all-MiniLM-L6-v2")
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO kb_collection (name, description, uuid, embedding_model_id, chunk_max_tokens, "
@@ -54,9 +56,8 @@ def test_it_indexes_models_of_different_dimensions_in_one_table(db):
         )
         cursor.execute(
             "INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at) "
-            "SELECT g, m.id, %s, array_fill(0.5, ARRAY[384])::vector, now() "
-            "FROM generate_series(1, 50) g, kb_embeddingmodel m WHERE m.name = 'all-MiniLM-L6-v2'",
-            [collection_id],
+            "SELECT g, %s, %s, array_fill(0.5, ARRAY[%s])::vector, now() FROM generate_series(1, 50) g",
+            [packaged.pk, collection_id, packaged.dimensions],
         )
         cursor.execute("SET LOCAL session_replication_role = DEFAULT")
         cursor.execute("ANALYZE kb_embedding")

@@ -10,10 +10,13 @@ def test_the_root_leads_to_the_admin(client):
     assert response.status_code == 302 and response.headers["Location"] == "/admin/"
 
 
-def test_there_is_a_favicon_and_the_admin_links_it(admin_client):
-    icon = admin_client.get("/favicon.ico")
+def test_there_is_a_favicon(client):
+    icon = client.get("/favicon.ico")
     assert icon.status_code == 200 and icon.headers["Content-Type"] == "image/svg+xml"
     assert icon.content.startswith(b"<svg")
+
+
+def test_the_admin_links_the_favicon(admin_client):
     assert '<link rel="icon" href="/favicon.ico"' in admin_client.get("/admin/").content.decode()
 
 

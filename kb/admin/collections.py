@@ -13,14 +13,13 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from kb.admin.common import RecordAdmin, adopt
-from kb.admin_selectors import collections_removal
 from kb.errors import KBError
 from kb.forms import CollectionForm
 from kb.models import Collection, EmbeddingModel
-from kb.selectors import collection_list, collection_reembedding
+from kb.selectors.admin import collections_removal
+from kb.selectors.collections import collection_list, collection_reembedding
 from kb.services.collections import collection_create, collection_delete, collection_update
-from kb.services.embedding import collection_reembed_cancel, collection_reembed_retry, collection_switch_model
-from kb.services.embedding_models import model_name_for
+from kb.services.model_switch import collection_reembed_cancel, collection_reembed_retry
 
 
 @admin.register(Collection)
@@ -190,58 +189,40 @@ class CollectionAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Collection, form: CollectionForm, change: bool) -> None:
         data = form.cleaned_data
-        if change:
-            collection_update(
-                collection=obj,
-                description=data["description"],
-                chunk_max_tokens=data["chunk_max_tokens"],
-                chunk_min_tokens=data["chunk_min_tokens"],
-                chunk_overlap_tokens=data["chunk_overlap_tokens"],
-                search_top_k=data["search_top_k"],
-                search_hybrid=data["search_hybrid"],
-                semantic_weight=data["semantic_weight"],
-                clear_semantic_weight=data["semantic_weight"] is None,
-            )
-            self._switch_model_if_asked(request, obj, data)
+        settings = {
+            "description": data["description"],
+            "embedding_provider": data["embedding_provider"],
+            "embedding_model": data["embedding_model_name"],
+            "chunk_max_tokens": data["chunk_max_tokens"],
+            "chunk_min_tokens": data["chunk_min_tokens"],
+            "chunk_overlap_tokens": data["chunk_overlap_tokens"],
+            "search_top_k": data["search_top_k"],
+            "search_hybrid": data["search_hybrid"],
+            "semantic_weight": data["semantic_weight"],
+        }
+        if not change:
+            adopt(obj, collection_create(name=data["name"], **settings))
             return
-        created = collection_create(
-            name=data["name"],
-            description=data["description"],
-            embedding_provider=data["embedding_provider"],
-            embedding_model=data["embedding_model_name"],
-            chunk_max_tokens=data["chunk_max_tokens"],
-            chunk_min_tokens=data["chunk_min_tokens"],
-            chunk_overlap_tokens=data["chunk_overlap_tokens"],
-            semantic_weight=data["semantic_weight"],
+        switching_to = obj.next_embedding_model_id
+        collection = collection_update(
+            collection=obj, clear_semantic_weight=data["semantic_weight"] is None, **settings
         )
-        created = collection_update(
-            collection=created, search_top_k=data["search_top_k"], search_hybrid=data["search_hybrid"]
-        )
-        adopt(obj, created)
-
-    def _switch_model_if_asked(self, request: HttpRequest, collection: Collection, data: dict[str, Any]) -> None:
-        provider = data["embedding_provider"]
-        wanted = (provider, model_name_for(provider, data["embedding_model_name"]))
-        shown = collection.next_embedding_model or collection.embedding_model
-        if wanted == (shown.provider, shown.name):
-            return
-        collection = collection_switch_model(collection=collection, provider=wanted[0], model_name=wanted[1])
-        if collection.next_embedding_model_id:
+        if collection.next_embedding_model_id and collection.next_embedding_model_id != switching_to:
             messages.info(
                 request,
-                f"Re-embedding {collection.name} with {wanted[0]}:{wanted[1]} in the background; "
+                f"Re-embedding {collection.name} with {collection.next_embedding_model} in the background; "
                 f"search keeps using {collection.embedding_model} until every chunk has a new vector.",
             )
-        else:
+        elif switching_to and not collection.next_embedding_model_id:
             messages.info(request, f"Re-embedding cancelled: {collection.name} stays on {collection.embedding_model}.")
 
     def delete_model(self, request: HttpRequest, obj: Collection) -> None:
-        removed = collection_delete(name=obj.name)
+        removed = collection_delete(name=obj.name, confirm=True)  # on Django's confirmation page
         messages.info(request, f"Removed {removed.documents} documents and {removed.chunks} chunks of {removed.name}.")
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Collection]) -> None:
         for name in list(queryset.values_list("name", flat=True)):
-            collection_delete(name=name)
+            collection_delete(name=name, confirm=True)
 
     # --- delete confirmations list what the database will cascade ------------------------
 

@@ -23,11 +23,11 @@ from django.views.decorators.http import require_POST
 
 from kb.admin import views
 from kb.admin.common import RecordAdmin, explain_error, progress_bar, run_each, status_badge
-from kb.admin_selectors import document_chunk_rows, documents_removal
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import Document, DocumentStatus, IngestRefusal
+from kb.selectors.admin import document_chunk_rows, documents_removal
 from kb.services.documents import document_delete, document_mark_pending
-from kb.services.embedding import document_reembed
+from kb.services.embedding_pipeline import document_reembed
 from kb.services.ingest import document_reingest, network_file_roots
 
 PREVIEW_CHARS = 3000

@@ -9,11 +9,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonRes
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from kb.admin_selectors import chunk_highlights, document_statuses, ingestion_queue
 from kb.errors import KBError
 from kb.forms import DocumentSourceForm, DocumentUploadForm, PlaygroundForm
 from kb.models import Chunk, Collection, Document
 from kb.search import SearchResponse, search
+from kb.selectors.admin import chunk_highlights, document_statuses, ingestion_queue
 from kb.services.ingest import IngestItem, IngestReport, document_ingest, network_file_roots
 from kb.services.uploads import document_ingest_uploads
 

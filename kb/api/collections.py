@@ -2,7 +2,6 @@
 
 from typing import Literal
 
-from django.db import transaction
 from django.http import HttpRequest
 from ninja import Query, Router, Status
 
@@ -17,11 +16,11 @@ from kb.api.schemas import (
     CollectionOut,
     CollectionUpdateIn,
 )
-from kb.errors import ErrorCode, KBError
+from kb.errors import ErrorCode
 from kb.models import TokenScope
-from kb.selectors import collection_get_with_totals, collection_list
+from kb.selectors.collections import collection_get_with_totals, collection_list
 from kb.services.collections import collection_create, collection_delete, collection_update
-from kb.services.embedding import collection_reembed_cancel, collection_reembed_retry, collection_switch_model
+from kb.services.model_switch import collection_reembed_cancel, collection_reembed_retry
 
 router = Router(tags=["collections"])
 NOT_FOUND = ErrorCode.COLLECTION_NOT_FOUND
@@ -65,15 +64,7 @@ def get_collection(request: HttpRequest, name: CollectionName) -> CollectionOut:
 def update_collection(request: HttpRequest, name: CollectionName, payload: CollectionUpdateIn) -> CollectionOut:
     access = access_of(request)
     access.require(TokenScope.ADMIN)
-    collection = access.collection(name)
-    changes = payload.model_dump(exclude={"embedding_provider", "embedding_model"})
-    # One transaction: a refused model leaves the settings unchanged, and no re-embedding starts.
-    with transaction.atomic():
-        collection = collection_update(collection=collection, **changes)
-        if payload.embedding_provider or payload.embedding_model:
-            collection_switch_model(
-                collection=collection, provider=payload.embedding_provider, model_name=payload.embedding_model
-            )
+    collection_update(collection=access.collection(name), **payload.model_dump())
     return CollectionOut.of(collection_get_with_totals(name=name))
 
 
@@ -103,10 +94,6 @@ def delete_collection(
 ) -> CollectionDeletedOut:
     access = access_of(request)
     access.require(TokenScope.ADMIN)
-    access.collection(name)  # an unknown or hidden collection is "not found", confirmed or not
-    if not query.confirm:
-        raise KBError(
-            ErrorCode.INVALID_ARGUMENT, "Deleting a collection deletes all its documents: repeat with confirm=true"
-        )
-    deletion = collection_delete(name=name)
+    access.collection(name)  # a hidden collection is "not found", confirmed or not
+    deletion = collection_delete(name=name, confirm=query.confirm, how_to_confirm="confirm=true")
     return CollectionDeletedOut(success=True, name=deletion.name, documents=deletion.documents, chunks=deletion.chunks)

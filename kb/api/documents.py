@@ -23,11 +23,11 @@ from kb.api.schemas import (
     UploadForm,
 )
 from kb.errors import ErrorCode
-from kb.ingestion_status import wait_until_searchable
 from kb.models import Document, TokenScope
-from kb.selectors import chunk_neighbors, document_chunks, document_list
+from kb.selectors.documents import chunk_neighbors, document_chunks, document_list
+from kb.selectors.ingestion import wait_until_searchable
 from kb.services.documents import document_delete
-from kb.services.embedding import document_reembed
+from kb.services.embedding_pipeline import document_reembed
 from kb.services.ingest import document_ingest, document_reingest, network_file_roots
 from kb.services.uploads import document_ingest_uploads
 

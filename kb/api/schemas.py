@@ -12,16 +12,34 @@ from ninja import Path, Schema
 from pydantic import ConfigDict, Field, Json, field_validator
 
 from kb.ingestion.formats import CONTENT_TYPES
-from kb.models import COLLECTION_NAME_MAX_LENGTH, COLLECTION_NAME_PATTERN, Chunk, Collection, Document
-from kb.search import SearchResponse
-from kb.selectors import MAX_NEIGHBORS, MAX_OFFSET, Stats, collection_reembedding
+from kb.models import (
+    CHUNK_MAX_TOKENS_RANGE,
+    COLLECTION_NAME_MAX_LENGTH,
+    COLLECTION_NAME_PATTERN,
+    DEFAULT_CHUNK_MAX_TOKENS,
+    DEFAULT_CHUNK_MIN_TOKENS,
+    DEFAULT_CHUNK_OVERLAP_TOKENS,
+    DEFAULT_TOP_K,
+    EMBEDDING_MODEL_NAME_MAX_LENGTH,
+    MAX_TOP_K,
+    Chunk,
+    Collection,
+    Document,
+    DocumentStatusName,
+    ProviderName,
+)
+from kb.search import MAX_CANDIDATE_DEPTH, Mode
+from kb.selectors.collections import ReembedState, collection_reembedding
+from kb.selectors.documents import DEFAULT_PAGE_SIZE, MAX_NEIGHBORS, MAX_OFFSET, MAX_PAGE_SIZE
+from kb.selectors.health import HealthStatus
 from kb.services.documents import StoredDocument
 from kb.services.ingest import IngestItem, IngestReport, ItemOutcome
 
 ContentType = Literal[CONTENT_TYPES]  # type: ignore[valid-type]
-DocumentStatusName = Literal["pending", "processing", "ready", "failed"]
-Provider = Literal["local", "ollama", "openai"]
-Mode = Literal["hybrid", "semantic", "keyword"]
+ChunkMaxTokens = Annotated[int, Field(ge=CHUNK_MAX_TOKENS_RANGE[0], le=CHUNK_MAX_TOKENS_RANGE[1])]
+ChunkMinTokens = Annotated[int, Field(ge=0, le=CHUNK_MAX_TOKENS_RANGE[1])]
+ChunkOverlapTokens = Annotated[int, Field(ge=0, lt=CHUNK_MAX_TOKENS_RANGE[1] // 2)]
+TopK = Annotated[int, Field(ge=1, le=MAX_TOP_K)]
 CollectionName = Annotated[
     str,
     Path(
@@ -124,7 +142,7 @@ class ReembeddingOut(Schema):
     model: str = Field(description="The model the collection is being re-embedded with")
     done: int = Field(description="Chunks that have a vector of it")
     total: int
-    state: Literal["running", "retrying", "stopped"] = Field(
+    state: ReembedState = Field(
         description="stopped: it will not go on by itself; POST .../reembed/retry or .../reembed/cancel"
     )
     error: str = Field(description="Why it is retrying or has stopped")
@@ -186,11 +204,15 @@ class CollectionOut(Schema):
 class CollectionCreateIn(InputSchema):
     name: str = Field(pattern=COLLECTION_NAME_PATTERN, max_length=COLLECTION_NAME_MAX_LENGTH, examples=["docs"])
     description: str = Field("", max_length=10_000)
-    embedding_provider: Provider | None = Field(None, description="Default: EMBEDDING_PROVIDER")
-    embedding_model: str | None = Field(None, max_length=200, description="Default: the provider's default model")
-    chunk_max_tokens: int = Field(512, ge=16, le=8192)
-    chunk_min_tokens: int = Field(50, ge=0, le=8192)
-    chunk_overlap_tokens: int = Field(0, ge=0, le=4096)
+    embedding_provider: ProviderName | None = Field(None, description="Default: EMBEDDING_PROVIDER")
+    embedding_model: str | None = Field(
+        None, max_length=EMBEDDING_MODEL_NAME_MAX_LENGTH, description="Default: the provider's default model"
+    )
+    chunk_max_tokens: ChunkMaxTokens = DEFAULT_CHUNK_MAX_TOKENS
+    chunk_min_tokens: ChunkMinTokens = DEFAULT_CHUNK_MIN_TOKENS
+    chunk_overlap_tokens: ChunkOverlapTokens = DEFAULT_CHUNK_OVERLAP_TOKENS
+    search_top_k: TopK = DEFAULT_TOP_K
+    search_hybrid: bool = Field(True, description="False: search this collection by keyword unless asked otherwise")
     semantic_weight: float | None = Field(None, ge=0.0, le=1.0, description="Hybrid fusion weight; None: default")
 
 
@@ -198,15 +220,17 @@ class CollectionUpdateIn(InputSchema):
     """Only the fields given change. A new embedding model is filled in the background."""
 
     description: str | None = Field(None, max_length=10_000)
-    chunk_max_tokens: int | None = Field(None, ge=16, le=8192)
-    chunk_min_tokens: int | None = Field(None, ge=0, le=8192)
-    chunk_overlap_tokens: int | None = Field(None, ge=0, le=4096)
-    search_top_k: int | None = Field(None, ge=1, le=100)
+    chunk_max_tokens: ChunkMaxTokens | None = None
+    chunk_min_tokens: ChunkMinTokens | None = None
+    chunk_overlap_tokens: ChunkOverlapTokens | None = None
+    search_top_k: TopK | None = None
     search_hybrid: bool | None = None
     semantic_weight: float | None = Field(None, ge=0.0, le=1.0)
     clear_semantic_weight: bool = Field(False, description="Go back to the server default weight")
-    embedding_provider: Provider | None = Field(None, description="Re-embed with this provider's model")
-    embedding_model: str | None = Field(None, min_length=1, max_length=200, description="Re-embed with this model")
+    embedding_provider: ProviderName | None = Field(None, description="Re-embed with this provider's model")
+    embedding_model: str | None = Field(
+        None, min_length=1, max_length=EMBEDDING_MODEL_NAME_MAX_LENGTH, description="Re-embed with this model"
+    )
 
 
 class CollectionDeleteQuery(InputSchema):
@@ -232,7 +256,7 @@ class CollectionDeletedOut(Schema):
 
 
 class DocumentListQuery(InputSchema):
-    limit: int = Field(100, ge=1, le=1000)
+    limit: int = Field(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE)
     offset: int = Field(0, ge=0, le=MAX_OFFSET)
     status: DocumentStatusName | None = None
 
@@ -449,7 +473,7 @@ class DocumentDeletedOut(Schema):
 class SearchIn(InputSchema):
     query: str = Field(min_length=1, max_length=10_000, examples=["How do I deploy the service?"])
     collections: list[str] | None = Field(None, max_length=1000, description="Default: every collection you can see")
-    top_k: int | None = Field(None, ge=1, le=100, description="Default: the collection's search_top_k, else 10")
+    top_k: TopK | None = Field(None, description=f"Default: the collection's search_top_k, else {DEFAULT_TOP_K}")
     mode: Mode | None = Field(None, description="Default: the collection's (search_hybrid false: keyword), else hybrid")
     semantic_weight: float | None = Field(
         None, ge=0.0, le=1.0, description="Hybrid fusion weight (1.0 semantic only); default: the collection's"
@@ -463,61 +487,12 @@ class SearchIn(InputSchema):
         description="Filter on document metadata, e.g. "
         '{"author": "Smith", "year": {"$gte": 2020}, "lang": {"$in": ["en"]}}',
     )
-    candidate_depth: int | None = Field(None, ge=1, le=10_000, description="Candidates per retriever before fusion")
+    candidate_depth: int | None = Field(
+        None, ge=1, le=MAX_CANDIDATE_DEPTH, description="Candidates per retriever before fusion"
+    )
     group_by_document: bool = Field(
         False, description="One result per document (its best chunk); document_hits counts its candidates"
     )
-
-
-class SearchResultOut(Schema):
-    rank: int
-    score: float = Field(description="Relevance from 0 to 1, on one scale in every mode (README, Search)")
-    fused_score: float | None = Field(
-        description="The weighted Reciprocal Rank Fusion value (hybrid only); hybrid results are ranked by score"
-    )
-    similarity: float | None
-    vector_rank: int | None
-    keyword_rank: int | None
-    keyword_score: float | None
-    chunk_id: int
-    content: str
-    document_id: str
-    source_uri: str
-    title: str
-    content_type: str
-    collection: str
-    chunk_index: int
-    lines: str
-    line_start: int
-    line_end: int
-    page: int | None
-    heading_path: list[str] = Field(description="Titles of the sections the chunk starts in, outermost first")
-    token_count: int
-    metadata: dict[str, Any]
-    chunk_metadata: dict[str, Any]
-    document_hits: int | None = Field(
-        description="With group_by_document: how many candidate chunks of both lists come from this document"
-    )
-
-
-class SearchOut(Schema):
-    query: str
-    mode: Mode
-    semantic_weight: float
-    total_results: int
-    results: list[SearchResultOut]
-    warnings: list[str]
-
-    @classmethod
-    def of(cls, response: SearchResponse) -> "SearchOut":
-        return cls(
-            query=response.query,
-            mode=response.mode,
-            semantic_weight=response.semantic_weight,
-            total_results=len(response.results),
-            results=[SearchResultOut(**result.as_dict()) for result in response.results],
-            warnings=response.warnings,
-        )
 
 
 class StatsQuery(InputSchema):
@@ -526,22 +501,6 @@ class StatsQuery(InputSchema):
     )
 
 
-class StatsOut(Schema):
-    collections: int
-    documents: int
-    chunks: int
-    embeddings: int
-    storage_bytes: int
-    filter: str | None
-    pending: int
-    processing: int
-    failed: int
-
-    @classmethod
-    def of(cls, stats: Stats) -> "StatsOut":
-        return cls(**stats.as_dict())
-
-
 class HealthOut(Schema):
-    status: Literal["ok", "degraded", "error"]
+    status: HealthStatus
     checks: dict[str, dict[str, Any]]

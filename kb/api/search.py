@@ -5,24 +5,25 @@ from ninja import Query, Router, Status
 
 from kb.api.auth import access_of, sees_health_details
 from kb.api.errors import with_errors
-from kb.api.schemas import HealthOut, SearchIn, SearchOut, StatsOut, StatsQuery
+from kb.api.schemas import HealthOut, SearchIn, StatsQuery
 from kb.errors import ErrorCode
 from kb.models import TokenScope
-from kb.search import search
-from kb.selectors import health_report, kb_stats
+from kb.search import SearchResponse, search
+from kb.selectors.health import health_report
+from kb.selectors.stats import Stats, kb_stats
 
 router = Router(tags=["search"])
 
 
 @router.post(
     "/search",
-    response=with_errors({200: SearchOut}, ErrorCode.COLLECTION_NOT_FOUND, ErrorCode.EMBEDDING_ERROR),
+    response=with_errors({200: SearchResponse}, ErrorCode.COLLECTION_NOT_FOUND, ErrorCode.EMBEDDING_ERROR),
     summary="Search: hybrid (BM25 + vectors, a convex combination of both scores), semantic or keyword",
     description="Without `collections`, searches every collection the token can see. In hybrid mode an "
     "unreachable embedding provider degrades to keyword results with a warning; in semantic mode it is "
     "EMBEDDING_ERROR.",
 )
-def search_chunks(request: HttpRequest, payload: SearchIn) -> SearchOut:
+def search_chunks(request: HttpRequest, payload: SearchIn) -> SearchResponse:
     access = access_of(request)
     access.require(TokenScope.READ)
     response = search(
@@ -39,22 +40,22 @@ def search_chunks(request: HttpRequest, payload: SearchIn) -> SearchOut:
         candidate_depth=payload.candidate_depth,
         group_by_document=payload.group_by_document,
     )
-    return SearchOut.of(response)
+    return response
 
 
 @router.get(
     "/stats",
-    response=with_errors({200: StatsOut}, ErrorCode.COLLECTION_NOT_FOUND),
+    response=with_errors({200: Stats}, ErrorCode.COLLECTION_NOT_FOUND),
     summary="Counts of collections, documents, chunks and embeddings, and storage used",
 )
-def stats(request: HttpRequest, query: Query[StatsQuery]) -> StatsOut:
+def stats(request: HttpRequest, query: Query[StatsQuery]) -> Stats:
     access = access_of(request)
     access.require(TokenScope.READ)
     if query.collection is None:
         access.require_unrestricted("read server-wide statistics")
     else:
         access.check_collection(query.collection)
-    return StatsOut.of(kb_stats(collection=query.collection))
+    return kb_stats(collection=query.collection)
 
 
 @router.get(

@@ -73,7 +73,7 @@ def content_hash(text: str) -> str:
 def tokenizer() -> Any:
     from tokenizers import Tokenizer
 
-    from kb.embeddings import PACKAGED_TOKENIZER
+    from kb.embedding_providers import PACKAGED_TOKENIZER
 
     # The embedding model's own word pieces: chunk sizes mean what the embedder sees.
     loaded = Tokenizer.from_file(str(PACKAGED_TOKENIZER))

@@ -107,13 +107,9 @@ def confine(path: Path, roots: Sequence[Path]) -> Path:
     return real
 
 
-def iter_files(uri: str, *, roots: Sequence[Path], recursive: bool) -> Iterator[LoadedSource | SkippedSource]:
-    """The file named by ``uri``, or every supported file in the directory it names."""
-    real = confine(file_path_of(uri), roots)
-    if not real.is_dir():
-        yield _load_file(real)
-        return
-    for directory, subdirectories, filenames in os.walk(real):
+def iter_files(folder: Path, *, roots: Sequence[Path], recursive: bool) -> Iterator[LoadedSource | SkippedSource]:
+    """Every supported file in ``folder`` (already confined: ``confine``), each one confined too."""
+    for directory, subdirectories, filenames in os.walk(folder):
         subdirectories[:] = sorted(name for name in subdirectories if not name.startswith(".")) if recursive else []
         for name in sorted(filenames):
             if name.startswith("."):  # hidden files (.DS_Store, .gitignore) are never content
@@ -124,12 +120,12 @@ def iter_files(uri: str, *, roots: Sequence[Path], recursive: bool) -> Iterator[
                 yield SkippedSource(source_uri=candidate.as_uri(), error=unsupported, unsupported=True)
                 continue
             try:
-                yield _load_file(confine(candidate, roots))
+                yield load_file(confine(candidate, roots))
             except KBError as error:
                 yield SkippedSource(source_uri=candidate.as_uri(), error=error)
 
 
-def _load_file(path: Path) -> LoadedSource:
+def load_file(path: Path) -> LoadedSource:
     """The bytes of the regular file at ``path`` (resolved and confined), within the size limit.
 
     A FIFO would block the open or the read forever and a device may never end, so anything but

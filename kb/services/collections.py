@@ -1,10 +1,24 @@
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from kb.errors import ErrorCode, KBError
-from kb.models import COLLECTION_NAME_MAX_LENGTH, Chunk, Collection, Document, is_collection_name
+from kb.models import (
+    CHUNK_MAX_TOKENS_RANGE,
+    COLLECTION_NAME_MAX_LENGTH,
+    DEFAULT_CHUNK_MAX_TOKENS,
+    DEFAULT_CHUNK_MIN_TOKENS,
+    DEFAULT_CHUNK_OVERLAP_TOKENS,
+    DEFAULT_TOP_K,
+    Chunk,
+    Collection,
+    Document,
+    is_collection_name,
+)
+from kb.search import validate_top_k
 from kb.services.embedding_models import embedding_model_choose, embedding_model_default
+from kb.services.model_switch import collection_switch_model
 from kb.storable import check_storable
 
 
@@ -29,8 +43,9 @@ def validate_collection_name(name: str) -> str:
 
 
 def validate_chunk_settings(*, max_tokens: int, min_tokens: int, overlap_tokens: int) -> None:
-    if not 16 <= max_tokens <= 8192:
-        raise KBError(ErrorCode.INVALID_ARGUMENT, "max_tokens must be between 16 and 8192")
+    lowest, highest = CHUNK_MAX_TOKENS_RANGE
+    if not lowest <= max_tokens <= highest:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"max_tokens must be between {lowest} and {highest}")
     if not 0 <= min_tokens <= max_tokens:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "min_tokens must be between 0 and max_tokens")
     if not 0 <= overlap_tokens < max_tokens // 2:
@@ -49,20 +64,23 @@ def collection_create(
     description: str = "",
     embedding_provider: str | None = None,
     embedding_model: str | None = None,
-    chunk_max_tokens: int = 512,
-    chunk_min_tokens: int = 50,
-    chunk_overlap_tokens: int = 0,
+    chunk_max_tokens: int = DEFAULT_CHUNK_MAX_TOKENS,
+    chunk_min_tokens: int = DEFAULT_CHUNK_MIN_TOKENS,
+    chunk_overlap_tokens: int = DEFAULT_CHUNK_OVERLAP_TOKENS,
+    search_top_k: int = DEFAULT_TOP_K,
+    search_hybrid: bool = True,
     semantic_weight: float | None = None,
 ) -> Collection:
+    """A new collection. Its model: the one named (a blank name is the provider's default, a
+    provider left out the server's), else the server's default; checked before it is accepted."""
     validate_collection_name(name)
     check_storable(description, what="description")
     validate_chunk_settings(
         max_tokens=chunk_max_tokens, min_tokens=chunk_min_tokens, overlap_tokens=chunk_overlap_tokens
     )
+    validate_top_k(search_top_k, name="search_top_k")
     validate_semantic_weight(semantic_weight)
     if embedding_provider or embedding_model:
-        from django.conf import settings
-
         model = embedding_model_choose(provider=embedding_provider or settings.EMBEDDING_PROVIDER, name=embedding_model)
     else:
         model = embedding_model_default()
@@ -75,6 +93,8 @@ def collection_create(
                 chunk_max_tokens=chunk_max_tokens,
                 chunk_min_tokens=chunk_min_tokens,
                 chunk_overlap_tokens=chunk_overlap_tokens,
+                search_top_k=search_top_k,
+                search_hybrid=search_hybrid,
                 semantic_weight=semantic_weight,
             )
     except IntegrityError:
@@ -105,16 +125,19 @@ def collection_update(
     search_hybrid: bool | None = None,
     semantic_weight: float | None = None,
     clear_semantic_weight: bool = False,
+    embedding_provider: str | None = None,
+    embedding_model: str | None = None,
 ) -> Collection:
-    """Change descriptive, chunking and search settings. New chunk settings apply to later ingests.
+    """Change settings and, when a provider or model is given, switch the embedding model
+    (``collection_switch_model``: re-embedded in the background). New chunk settings apply to
+    later ingests. One transaction: a refused model leaves the settings unchanged.
 
     Only the settings given are written, to the row as it is now (locked): a concurrent change
     of other fields (a model switch finishing in the worker, another curator's edit) is kept."""
     if description is not None:
         check_storable(description, what="description")
     validate_semantic_weight(semantic_weight)
-    if search_top_k is not None and not 1 <= search_top_k <= 100:
-        raise KBError(ErrorCode.INVALID_ARGUMENT, "search top_k must be between 1 and 100")
+    validate_top_k(search_top_k, name="search_top_k")
     changes: dict[str, object] = {
         "description": description,
         "chunk_max_tokens": chunk_max_tokens,
@@ -136,17 +159,27 @@ def collection_update(
             overlap_tokens=current.chunk_overlap_tokens,
         )
         current.save(update_fields=[*changes, "updated_at"])
+        if embedding_provider or embedding_model:
+            collection_switch_model(collection=current, provider=embedding_provider, model_name=embedding_model)
     collection.refresh_from_db()
     return collection
 
 
-def collection_delete(*, name: str) -> CollectionDeletion:
-    """Delete a collection with its documents, chunks and embeddings (cascaded by the database)."""
+def collection_delete(*, name: str, confirm: bool, how_to_confirm: str = "confirm: true") -> CollectionDeletion:
+    """Delete a collection with its documents, chunks and embeddings (cascaded by the database).
+
+    An unknown collection is COLLECTION_NOT_FOUND, confirmed or not; without ``confirm`` nothing
+    is deleted (INVALID_ARGUMENT). ``how_to_confirm`` is the door's word for it (``--yes``)."""
     with transaction.atomic():
         try:
             collection = Collection.objects.select_for_update().get(name=name)
         except Collection.DoesNotExist:
             raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {name}") from None
+        if not confirm:
+            raise KBError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"Deleting collection {name!r} deletes all its documents: repeat with {how_to_confirm}",
+            )
         deletion = CollectionDeletion(
             name=collection.name,
             documents=Document.objects.filter(collection=collection).count(),

@@ -20,6 +20,7 @@ from kb.ingestion.chunking import ChunkDraft, ChunkSettings, chunk_text, content
 from kb.ingestion.formats import ParsedDocument, validate_content_type
 from kb.models import Chunk, Collection, Document, DocumentStatus
 from kb.storable import check_storable
+from kb.task_queue import enqueue_embedding
 from kb.work_lanes import is_interactive
 
 Outcome = Literal["created", "updated", "unchanged"]
@@ -119,8 +120,6 @@ def document_save(
             Chunk.objects.filter(id__in=old_chunk_ids).delete()
             _replace_content(document, fields, embedded=_embedded_count(document, collection))
         if document.status == DocumentStatus.PENDING:
-            from kb.tasks import enqueue_embedding
-
             enqueue_embedding(document.id, interactive=is_interactive(len(drafts)))
     return StoredDocument(document=document, outcome="created" if created else "updated", chunks_reused=reused)
 
@@ -173,18 +172,19 @@ def document_lock(*, doc_id: str) -> Document:
 def document_mark_pending(*, doc_id: str, reset_attempts: bool = True) -> Document:
     """Queue a document for embedding again (retry after failure, or re-embed)."""
     with transaction.atomic():
-        document = document_lock(doc_id=doc_id)
-        document.status = DocumentStatus.PENDING
-        document.error = document.error_code = ""
-        document.lease_expires_at = pending_requeue_deadline()
-        if reset_attempts:
-            document.embed_attempts = 0
-        document.save(
-            update_fields=["status", "error", "error_code", "lease_expires_at", "embed_attempts", "updated_at"]
-        )
-        from kb.tasks import enqueue_embedding
+        return document_requeue_locked(document_lock(doc_id=doc_id), reset_attempts=reset_attempts)
 
-        enqueue_embedding(document.id, interactive=is_interactive(document.chunk_count))
+
+def document_requeue_locked(document: Document, *, reset_attempts: bool = True) -> Document:
+    """Mark a document the caller holds locked (``document_lock``) pending, and send its task
+    when the caller's transaction commits."""
+    document.status = DocumentStatus.PENDING
+    document.error = document.error_code = ""
+    document.lease_expires_at = pending_requeue_deadline()
+    if reset_attempts:
+        document.embed_attempts = 0
+    document.save(update_fields=["status", "error", "error_code", "lease_expires_at", "embed_attempts", "updated_at"])
+    enqueue_embedding(document.id, interactive=is_interactive(document.chunk_count))
     return document
 
 

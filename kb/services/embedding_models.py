@@ -38,7 +38,7 @@ def embedding_model_choose(*, provider: str, name: str | None) -> EmbeddingModel
     A blank name is the provider's default. A local model's files must be there; a remote model
     that has never given a vector is asked for one now: a provider that refuses it (unknown model,
     bad key) gives INVALID_ARGUMENT, one that cannot be reached EMBEDDING_ERROR."""
-    from kb.embeddings import EmbeddingError, embed_texts
+    from kb.embedding_providers import EmbeddingError, embed_texts
 
     model = embedding_model_get_or_create(provider=provider, name=model_name_for(provider, name))
     if model.dimensions is not None:
@@ -69,7 +69,7 @@ def default_model_for(provider: str, name: str) -> str:
 
 def _check_local_model(name: str) -> None:
     """A local model must be one the provider can load (it never downloads), checked without loading it."""
-    from kb.embeddings import EmbeddingError, local_model_path
+    from kb.embedding_providers import EmbeddingError, local_model_path
 
     try:
         local_model_path(name)

@@ -25,10 +25,11 @@ from kb.ingestion.sources import (
     is_local_path_uri,
     iter_files,
     load_data_uri,
+    load_file,
     source_hash,
 )
 from kb.models import Collection, Document, IngestRefusal
-from kb.selectors import document_get
+from kb.selectors.documents import document_get
 from kb.services.collections import collection_get_or_create
 from kb.services.documents import StoredDocument, document_save, drafts_from_chunks, source_lock
 from kb.storable import check_storable
@@ -119,12 +120,13 @@ def document_ingest(
     elif uri.startswith(("http://", "https://")):
         sources = [fetch_url(uri)]
     elif uri and is_local_path_uri(uri):
-        if confine(file_path_of(uri), file_roots).is_dir():
+        path = confine(file_path_of(uri), file_roots)  # resolved and checked once
+        if path.is_dir():
             with bulk_work():
                 return _ingest_many(
-                    collection, iter_files(uri, roots=file_roots, recursive=recursive), options, on_item
+                    collection, iter_files(path, roots=file_roots, recursive=recursive), options, on_item
                 )
-        sources = iter_files(uri, roots=file_roots, recursive=False)
+        sources = [load_file(path)]
     else:
         raise KBError(
             ErrorCode.INVALID_URI, f"Cannot ingest {uri[:200]!r}: use a file:// path, an http(s):// URL or a data: URI"
@@ -330,7 +332,7 @@ def document_reingest(*, doc_id: str, file_roots: Sequence[Path]) -> StoredDocum
     if uri.startswith(("http://", "https://")):
         source = fetch_url(uri)
     elif uri.startswith("file://"):
-        (source,) = iter_files(uri, roots=file_roots, recursive=False)
+        source = load_file(confine(file_path_of(uri), file_roots))
     else:
         parsed = ParsedDocument(text=document.raw_content, content_type=document.content_type, title=document.title)
         return document_save(

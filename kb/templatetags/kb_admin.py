@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from django import template
 
 from kb.admin.common import progress_bar, status_badge
-from kb.admin_selectors import Dashboard, DayCount, dashboard
 from kb.models import Document
+from kb.selectors.admin import Dashboard, DayCount, dashboard
 
 register = template.Library()
 

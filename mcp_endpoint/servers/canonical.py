@@ -4,25 +4,27 @@ read the chunks around a search hit, follow ingestion. Every tool is a thin adap
 kb.selectors / kb.search."""
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import anyio
 from pydantic import Field, Strict, WithJsonSchema
 from typing_extensions import TypedDict
 
-from kb.errors import ErrorCode, KBError
+from kb.errors import KBError
 from kb.ingestion.formats import CONTENT_TYPES
-from kb.ingestion_status import STILL_EMBEDDING, ingestion_status, wait_until_searchable
-from kb.models import COLLECTION_NAME_PATTERN, TokenScope
-from kb.search import search
-from kb.selectors import (
+from kb.models import COLLECTION_NAME_PATTERN, MAX_TOP_K, DocumentStatusName, TokenScope
+from kb.search import Mode, search
+from kb.selectors.collections import collection_list
+from kb.selectors.documents import (
+    DEFAULT_PAGE_SIZE,
     MAX_NEIGHBORS,
+    MAX_PAGE_SIZE,
     chunk_neighbors,
-    collection_list,
     document_chunks,
     document_list,
-    kb_stats,
 )
+from kb.selectors.ingestion import STILL_EMBEDDING, ingestion_status, wait_until_searchable
+from kb.selectors.stats import Stats, kb_stats
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
 from kb.services.ingest import document_ingest
@@ -77,8 +79,8 @@ def rag_search(
     # which are 10 and true unless a curator changed them.
     top_k: Annotated[
         int | None,
-        Field(ge=1, le=100, description="Number of results to return", json_schema_extra={"default": 10}),
-        WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 100}),
+        Field(ge=1, le=MAX_TOP_K, description="Number of results to return", json_schema_extra={"default": 10}),
+        WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_TOP_K}),
     ] = None,
     hybrid: Annotated[
         bool | None,
@@ -88,9 +90,7 @@ def rag_search(
         ),
         WithJsonSchema({"type": "boolean"}),
     ] = None,
-    mode: Annotated[
-        Literal["hybrid", "semantic", "keyword"] | None, Field(description="Search mode; overrides 'hybrid' when set")
-    ] = None,
+    mode: Annotated[Mode | None, Field(description="Search mode; overrides 'hybrid' when set")] = None,
     semantic_weight: Annotated[
         float | None,
         Field(ge=0.0, le=1.0, description="Hybrid mode: weight of semantic vs keyword ranks (default per collection)"),
@@ -214,11 +214,9 @@ class DocumentsOutput(TypedDict):
 @service_tool(TokenScope.READ)
 def rag_list_documents(
     collection: CollectionName,
-    limit: Annotated[int, Field(ge=1, le=1000, description="Maximum documents to return")] = 100,
+    limit: Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE, description="Maximum documents to return")] = DEFAULT_PAGE_SIZE,
     offset: Annotated[int, Field(ge=0, description="Pagination offset")] = 0,
-    status: Annotated[
-        Literal["pending", "processing", "ready", "failed"] | None, Field(description="Only documents in this state")
-    ] = None,
+    status: Annotated[DocumentStatusName | None, Field(description="Only documents in this state")] = None,
 ) -> DocumentsOutput:
     """List the documents of a collection, oldest first."""
     collection_row = current_access().collection(collection)
@@ -251,22 +249,10 @@ def rag_create_collection(
     )
 
 
-class StatsOutput(TypedDict):
-    collections: int
-    documents: int
-    chunks: int
-    embeddings: int
-    storage_bytes: int
-    filter: str | None
-    pending: int
-    processing: int
-    failed: int
-
-
 @service_tool(TokenScope.READ)
 def rag_stats(
     collection: Annotated[str | None, Field(description="Optional collection to filter stats")] = None,
-) -> StatsOutput:
+) -> Stats:
     """Statistics of the knowledge base, or of one collection: documents, chunks, embeddings, storage size,
     and documents still waiting for embedding."""
     access = current_access()
@@ -274,7 +260,7 @@ def rag_stats(
         access.require_unrestricted("see statistics of the whole knowledge base")
     else:
         access.check_collection(collection)
-    return StatsOutput(**kb_stats(collection=collection).as_dict())
+    return kb_stats(collection=collection)
 
 
 class CollectionDeleted(TypedDict):
@@ -292,13 +278,8 @@ def rag_delete_collection(
     ] = False,
 ) -> CollectionDeleted:
     """Delete a collection with all its documents, chunks and embeddings. Requires confirm: true."""
-    access = current_access()
-    access.check_collection(name)
-    if not confirm:
-        raise KBError(
-            ErrorCode.INVALID_ARGUMENT, f"Deleting collection {name!r} removes all its documents: pass confirm: true"
-        )
-    deletion = collection_delete(name=name)
+    current_access().check_collection(name)
+    deletion = collection_delete(name=name, confirm=confirm)
     return CollectionDeleted(
         success=True, name=deletion.name, documents_deleted=deletion.documents, chunks_deleted=deletion.chunks
     )

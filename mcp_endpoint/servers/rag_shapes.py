@@ -13,7 +13,7 @@ from typing_extensions import TypedDict
 
 from kb.models import Chunk, Collection, Document
 from kb.search import SearchResponse, SearchResult
-from kb.selectors import collection_reembedding
+from kb.selectors.collections import collection_reembedding
 from kb.services.ingest import IngestItem, IngestReport
 
 

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from kb.errors import ErrorCode, KBError
-from kb.ingestion_status import STILL_EMBEDDING, wait_until_searchable
 from kb.models import TokenScope
 from kb.search import SearchResult, search
+from kb.selectors.ingestion import STILL_EMBEDDING, wait_until_searchable
 from kb.services.collections import collection_get_or_create
 from kb.services.documents import document_create_from_text
 from mcp_endpoint.budget import fit_list

@@ -12,7 +12,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
 from kb.errors import ErrorCode, KBError
-from kb.selectors import collection_list, document_chunks, document_list
+from kb.selectors.collections import collection_list
+from kb.selectors.documents import document_chunks, document_list
 from mcp_endpoint.budget import drop_to_fit, fit_texts
 from mcp_endpoint.caller import current_access
 from mcp_endpoint.servers.rag_shapes import collection_settings, document_detail, millis

@@ -18,10 +18,10 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from kb.errors import ErrorCode, KBError
-from kb.ingestion_status import STILL_EMBEDDING, wait_until_searchable
 from kb.models import TokenScope
 from kb.search import SearchResult, search
-from kb.selectors import collection_list
+from kb.selectors.collections import collection_list
+from kb.selectors.ingestion import STILL_EMBEDDING, wait_until_searchable
 from kb.services.ingest import ChunkInput, document_store_chunk_batch
 from mcp_endpoint.budget import fit_list
 from mcp_endpoint.caller import current_access

@@ -12,10 +12,11 @@ from typing import Annotated, Any
 from pydantic import Field, Strict
 
 from kb.errors import ErrorCode, KBError
-from kb.ingestion_status import STILL_EMBEDDING, wait_until_searchable
 from kb.models import Collection, Document, TokenScope
 from kb.search import search
-from kb.selectors import collection_get_by_uuid, collection_list, document_list
+from kb.selectors.collections import collection_get_by_uuid, collection_list
+from kb.selectors.documents import document_list
+from kb.selectors.ingestion import STILL_EMBEDDING, wait_until_searchable
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
 from kb.services.ingest import document_ingest
@@ -162,8 +163,7 @@ def delete_document(doc_id: Annotated[str, Field(description="The document ID")]
 def delete_collection(collection_id: CollectionId, confirm: Confirm) -> str:
     """Deletes an entire collection. Requires confirmation flag. Use with caution."""
     collection = visible_collection(collection_id)
-    require_confirmation(confirm, f"collection {collection.name}")
-    deletion = collection_delete(name=collection.name)
+    deletion = collection_delete(name=collection.name, confirm=confirm)
     return json_text(
         {"success": True, "deleted": {"id": collection_id, "name": deletion.name, "documents": deletion.documents}}
     )

@@ -158,7 +158,7 @@ def test_a_curator_deleting_a_read_tokens_collection_does_not_open_the_others(se
     collection_create(name="gone")
     document_create_from_text(collection=collection_create(name="private"), source_uri="p.txt", text="Private plans.")
     _, raw = token_create(name="reader", scope="read", collections=["gone"])
-    collection_delete(name="gone")
+    collection_delete(name="gone", confirm=True)
 
     async def run() -> None:
         async with http_session(f"{server_url}/mcp", headers=bearer(raw)) as session:

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.urls import reverse
 
 from config.env import env_float
-from kb.embeddings import EmbeddingError, local_model_path
+from kb.embedding_providers import EmbeddingError, local_model_path
 from kb.errors import ErrorCode, KBError
 from kb.models import Collection, Document
 from kb.search import search

@@ -11,7 +11,7 @@ from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document, DocumentStatus
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
-from kb.services.embedding import document_fail
+from kb.services.embedding_pipeline import document_fail
 
 
 @pytest.fixture(autouse=True)
@@ -29,14 +29,15 @@ def add_text(collection: Collection, uri: str, text: str = WINGS, *, title: str 
     ).document
 
 
-def give_vectors(document: Document, dimensions: int = 384) -> None:
+def give_vectors(document: Document) -> None:
     """Give every chunk a vector of the collection's model and mark it ready, as the worker would."""
+    model = document.collection.embedding_model
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at) "
             "SELECT c.id, %s, c.collection_id, array_fill(0.1, ARRAY[%s])::vector, now() "
             "FROM kb_chunk c WHERE c.document_id = %s",
-            [document.collection.embedding_model_id, dimensions, document.pk],
+            [model.pk, model.dimensions, document.pk],
         )
     Document.objects.filter(pk=document.pk).update(
         status=DocumentStatus.READY, embedded_count=document.chunk_count, lease_expires_at=None

@@ -1,12 +1,9 @@
-"""Helpers for the REST API and command tests: authenticated requests, in-process embedding."""
+"""Helpers for the REST API and command tests: authenticated requests and their error bodies."""
 
 import json
 from typing import Any
 
 from django.test import Client
-
-from kb.models import Document
-from kb.services.embedding import document_claim, document_embed
 
 
 def headers_for(token: str | None) -> dict[str, str]:
@@ -36,10 +33,3 @@ def error_of(response) -> tuple[int, str]:
     assert set(body["error"]) == {"code", "message"}, body
     assert body["error"]["message"], body
     return response.status_code, body["error"]["code"]
-
-
-def embed_now(document_id: str) -> Document:
-    """What the Celery worker does, in this process (for tests that are not about the worker)."""
-    assert document_claim(doc_id=document_id)
-    document_embed(doc_id=document_id)
-    return Document.objects.get(pk=document_id)

@@ -33,7 +33,8 @@ def serve(routes: dict[str, Route], host: str = "127.0.0.1", port: int = 0) -> I
 
     ThreadingHTTPServer.allow_reuse_address = True
     server = ThreadingHTTPServer((host, port), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll interval: shutdown() waits for the loop to notice, half a second by default.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"http://{host}:{server.server_address[1]}"

@@ -4,14 +4,12 @@ SSE / Streamable HTTP against a running server."""
 
 import json
 import sys
-import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import pytest
-from django.db import connection
 from mcp import Client, ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -19,8 +17,6 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
 from kb.access import FULL_ACCESS, Access
-from kb.models import Document, DocumentStatus
-from kb.services.embedding import document_claim, document_embed
 from mcp_endpoint.caller import Caller, calling_as
 from mcp_endpoint.tooling import KBServer, stop_tool_threads
 
@@ -84,29 +80,6 @@ async def connected(server: KBServer, access: Access | None) -> AsyncIterator[Cl
     with calling_as(caller):
         async with Client(server) as client:
             yield client
-
-
-def embed_pending() -> int:
-    """Embed every pending document in this process, as a worker would."""
-    pending = list(Document.objects.filter(status=DocumentStatus.PENDING).values_list("pk", flat=True))
-    for doc_id in pending:
-        if document_claim(doc_id=doc_id):
-            document_embed(doc_id=doc_id)
-    return len(pending)
-
-
-def embed_pending_soon(delay: float) -> threading.Timer:
-    """A worker of sorts: embeds the pending documents after ``delay``, from its own thread."""
-
-    def run() -> None:
-        try:
-            embed_pending()
-        finally:
-            connection.close()
-
-    timer = threading.Timer(delay, run)
-    timer.start()
-    return timer
 
 
 @asynccontextmanager

@@ -17,7 +17,7 @@ from django.test import override_settings
 
 from tests.conftest import ChildProcess, child_env, free_port, wait_for
 from tests.support.fake_providers import fake_ollama
-from tests.support.mcp_client import embed_pending
+from tests.support.worker import embed_pending
 
 FAKE_MODEL = "fake-embed"
 

@@ -1,11 +1,11 @@
 from typing import Any
 
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import CommandParser
 
 from kb.api.schemas import CollectionListOut
 from kb.management.base import KBCommand
 from kb.models import EmbeddingProvider
-from kb.selectors import collection_list
+from kb.selectors.collections import collection_list
 from kb.services.collections import collection_create, collection_delete
 
 
@@ -61,9 +61,7 @@ class Command(KBCommand):
         self.stdout.write(f"Created collection {collection.name} (embedding model {collection.embedding_model}).")
 
     def _delete(self, name: str, yes: bool, **options: Any) -> None:
-        if not yes:
-            raise CommandError("Deleting a collection deletes all its documents: repeat with --yes")
-        deletion = collection_delete(name=name)
+        deletion = collection_delete(name=name, confirm=yes, how_to_confirm="--yes")
         self.stdout.write(
             f"Deleted collection {deletion.name} with {deletion.documents} documents and {deletion.chunks} chunks."
         )

@@ -8,7 +8,8 @@ from kb.ingestion.sources import file_path_of, is_local_path_uri
 from kb.management.base import KBCommand
 from kb.management.progress import Progress
 from kb.models import Collection, Document
-from kb.selectors import collection_get, documents_embedding_progress
+from kb.selectors.collections import collection_get
+from kb.selectors.ingestion import documents_embedding_progress
 from kb.services.collections import collection_get_or_create
 from kb.services.ingest import IngestItem, IngestReport, command_line_file_roots, document_ingest
 
@@ -36,14 +37,14 @@ class Command(KBCommand):
     def handle(self, *args: Any, sources: list[str], **options: Any) -> None:
         name = options["collection"]
         collection = collection_get_or_create(name=name) if options["create"] else collection_get(name=name)
-        items = self._ingest(collection, sources, options)
+        report = IngestReport(items=self._ingest(collection, sources, options))
         embedding_failures: list[Document] = []
         if options["wait"]:
-            embedding_failures = self._wait([item.document.pk for item in items if item.document], options["timeout"])
-        self._summarise(collection, items, embedding_failures)
+            embedding_failures = self._wait([document.pk for document in report.documents], options["timeout"])
+        self._summarise(collection, report, embedding_failures)
         if not options["recursive"] and any(_has_subfolders(source) for source in sources):
             self.stdout.write("Subfolders were not read: add --recursive to include them.")
-        failed = sum(1 for item in items if item.outcome == "failed") + len(embedding_failures)
+        failed = report.count("failed") + len(embedding_failures)
         if failed:
             raise CommandError(f"{failed} source(s) failed", returncode=1)
 
@@ -89,12 +90,11 @@ class Command(KBCommand):
                 time.sleep(POLL_SECONDS)
                 state = documents_embedding_progress(doc_ids=doc_ids)
 
-    def _summarise(self, collection: Collection, items: list[IngestItem], embedding_failures: list[Document]) -> None:
-        report = IngestReport(items=items)
+    def _summarise(self, collection: Collection, report: IngestReport, embedding_failures: list[Document]) -> None:
         self.stdout.write(f"Collection {collection.name}: {report.summary or 'nothing found'}")
         for item in report.failed:
             self.stdout.write(f"  failed: {item.source_uri}: {item.error}")
-        skipped = [item.source_uri for item in items if item.outcome == "skipped"]
+        skipped = [item.source_uri for item in report.items if item.outcome == "skipped"]
         if skipped:
             shown = ", ".join(uri.rsplit("/", 1)[-1] for uri in skipped[:SKIPPED_NAMED])
             more = f" and {len(skipped) - SKIPPED_NAMED} more" if len(skipped) > SKIPPED_NAMED else ""

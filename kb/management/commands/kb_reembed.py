@@ -7,8 +7,8 @@ from tqdm import tqdm
 
 from kb.management.base import KBCommand
 from kb.models import Collection, EmbeddingProvider
-from kb.selectors import collection_get, collection_reembedding
-from kb.services.embedding import collection_reembed_cancel, collection_reembed_retry, collection_switch_model
+from kb.selectors.collections import collection_get, collection_reembedding
+from kb.services.model_switch import collection_reembed_cancel, collection_reembed_retry, collection_switch_model
 
 POLL_SECONDS = 1.0
 

@@ -3,7 +3,6 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from kb.api.schemas import SearchOut
 from kb.management.base import KBCommand
 from kb.search import MODES, SearchResult, search
 
@@ -36,7 +35,7 @@ class Command(KBCommand):
             semantic_weight=options["semantic_weight"],
         )
         if options["json"]:
-            self.write_json(SearchOut.of(response))
+            self.write_json(response)
             return
         for warning in response.warnings:
             self.stderr.write(f"warning: {warning}")

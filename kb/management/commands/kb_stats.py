@@ -2,9 +2,8 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from kb.api.schemas import StatsOut
 from kb.management.base import KBCommand
-from kb.selectors import kb_stats
+from kb.selectors.stats import kb_stats
 
 
 class Command(KBCommand):
@@ -18,7 +17,7 @@ class Command(KBCommand):
         parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     def handle(self, *args: Any, collection: str | None, json: bool, **options: Any) -> None:
-        stats = StatsOut.of(kb_stats(collection=collection))
+        stats = kb_stats(collection=collection)
         if json:
             self.write_json(stats)
             return

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from kb.management.base import KBCommand
 from kb.models import TokenScope
-from kb.selectors import token_list
+from kb.selectors.tokens import token_list
 from kb.services.tokens import token_create, token_revoke
 
 

@@ -10,7 +10,7 @@ covers the default model and every model a collection uses or is switching to.
 """
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 from django.conf import settings
 from django.db import DatabaseError, connection
@@ -32,7 +32,10 @@ def health_report(*, detailed: bool) -> dict[str, Any]:
     return {"status": readiness(checks), "checks": checks}
 
 
-def readiness(checks: dict[str, dict[str, Any]]) -> str:
+HealthStatus = Literal["ok", "degraded", "error"]
+
+
+def readiness(checks: dict[str, dict[str, Any]]) -> HealthStatus:
     """ "error" (HTTP 503) only when the server cannot work: the database or the broker is down.
     No worker, or one collection's unreachable embedding provider, makes it "degraded": search,
     ingestion and the other collections still work (embeddings wait), and the details say what."""
@@ -136,7 +139,7 @@ def _model_check(provider: str, name: str) -> dict[str, Any]:
 
 
 def _local_check(name: str) -> dict[str, Any]:
-    from kb.embeddings import EmbeddingError, local_model_path
+    from kb.embedding_providers import EmbeddingError, local_model_path
 
     # local_model_path checks what the model needs without importing it: for the packaged model
     # onnxruntime, tokenizers, the ONNX file and the tokenizer file; for a model folder inside

@@ -77,3 +77,34 @@ def wait_until_searchable(documents: Sequence[Document], *, timeout: float | Non
             break
         time.sleep(POLL_SECONDS)
     return not waiting
+
+
+@dataclass(frozen=True)
+class EmbeddingProgress:
+    """How far the embedding of some documents got; deleted documents count as finished."""
+
+    documents: int
+    finished: int
+    chunks: int
+    embedded_chunks: int
+    failed: list[Document]
+
+    @property
+    def done(self) -> bool:
+        return self.finished >= self.documents
+
+
+def documents_embedding_progress(*, doc_ids: Sequence[str]) -> EmbeddingProgress:
+    documents = list(
+        Document.objects.filter(pk__in=list(doc_ids)).only(
+            "id", "source_uri", "status", "error_code", "error", "chunk_count", "embedded_count"
+        )
+    )
+    settled = (DocumentStatus.READY, DocumentStatus.FAILED)
+    return EmbeddingProgress(
+        documents=len(set(doc_ids)),
+        finished=len(set(doc_ids)) - len(documents) + sum(1 for doc in documents if doc.status in settled),
+        chunks=sum(doc.chunk_count for doc in documents),
+        embedded_chunks=sum(min(doc.embedded_count, doc.chunk_count) for doc in documents),
+        failed=[doc for doc in documents if doc.status == DocumentStatus.FAILED],
+    )

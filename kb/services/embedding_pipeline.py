@@ -17,12 +17,12 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from pgvector import Vector
 
-from kb.embeddings import EmbeddingError, embed_texts
+from kb.embedding_providers import EmbeddingError, embed_texts
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.chunking import embedding_text
 from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding, EmbeddingModel
-from kb.services.documents import document_lock, pending_requeue_deadline
-from kb.services.embedding_models import embedding_model_choose, embedding_model_record_dimensions
+from kb.services.documents import document_lock, document_requeue_locked, pending_requeue_deadline
+from kb.services.embedding_models import embedding_model_record_dimensions
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def document_embed(*, doc_id: str) -> str:
 def _embed_with(document: Document, model: EmbeddingModel) -> bool:
     """Give every chunk of the document a vector of ``model``; False when it was deleted meanwhile."""
     while True:
-        batch = _unembedded_batch(Chunk.objects.filter(document_id=document.pk).order_by("index"), model)
+        batch = unembedded_batch(Chunk.objects.filter(document_id=document.pk).order_by("index"), model)
         if not batch:
             return True
         vectors = embed_texts(model.provider, model.name, [text for _, text in batch])
@@ -84,7 +84,7 @@ def _embed_with(document: Document, model: EmbeddingModel) -> bool:
             return False
 
 
-def _unembedded_batch(chunks: QuerySet[Chunk], model: EmbeddingModel) -> list[tuple[int, str]]:
+def unembedded_batch(chunks: QuerySet[Chunk], model: EmbeddingModel) -> list[tuple[int, str]]:
     """The next batch of ``chunks`` without a vector of ``model``: (chunk id, the text to embed)."""
     rows = chunks.exclude(Exists(Embedding.objects.filter(chunk=OuterRef("pk"), model=model))).values_list(
         "id", "content", "heading_path"
@@ -94,13 +94,12 @@ def _unembedded_batch(chunks: QuerySet[Chunk], model: EmbeddingModel) -> list[tu
 
 def _store_vectors(document: Document, model: EmbeddingModel, chunk_ids: list[int], vectors: list[list[float]]) -> bool:
     """Insert a batch and renew the lease; False when the document was deleted meanwhile."""
-    model = embedding_model_record_dimensions(model=model, dimensions=len(vectors[0]))
     with transaction.atomic():
         renewed = Document.objects.filter(pk=document.pk).update(lease_expires_at=_lease_deadline())
         if not renewed:
             return False
         insert_vectors(model, chunk_ids, vectors)
-        _refresh_embedded_counts(document.collection, Document.objects.filter(pk=document.pk))
+        refresh_embedded_counts(document.collection, Document.objects.filter(pk=document.pk))
     return True
 
 
@@ -121,7 +120,7 @@ def insert_vectors(model: EmbeddingModel, chunk_ids: list[int], vectors: list[li
         )
 
 
-def _refresh_embedded_counts(collection: Collection, documents: QuerySet[Document]) -> None:
+def refresh_embedded_counts(collection: Collection, documents: QuerySet[Document]) -> None:
     counts = (
         Embedding.objects.filter(chunk__document=OuterRef("pk"), model_id=collection.embedding_model_id)
         .order_by()
@@ -138,7 +137,7 @@ def _finish(doc_id: str, collection: Collection) -> str:
             document = document_lock(doc_id=doc_id)
         except KBError:
             return "deleted"
-        _refresh_embedded_counts(collection, Document.objects.filter(pk=doc_id))
+        refresh_embedded_counts(collection, Document.objects.filter(pk=doc_id))
         document.refresh_from_db(fields=["embedded_count", "chunk_count"])
         if document.embedded_count < document.chunk_count:
             # The content changed while we embedded: its new chunks have their own message.
@@ -195,117 +194,8 @@ def documents_needing_embedding(*, limit: int = 1000) -> list[str]:
 
 def document_reembed(*, doc_id: str) -> Document:
     """Drop a document's vectors of the collection's model and embed it again."""
-    from kb.services.documents import document_mark_pending
-
     with transaction.atomic():
         document = document_lock(doc_id=doc_id)
         Embedding.objects.filter(chunk__document=document, model_id=document.collection.embedding_model_id).delete()
         Document.objects.filter(pk=document.pk).update(embedded_count=0)
-        return document_mark_pending(doc_id=doc_id)
-
-
-REEMBED_STATE_FIELDS = ["next_embedding_model", "reembed_error", "reembed_stopped_at", "updated_at"]
-
-
-def collection_switch_model(*, collection: Collection, provider: str | None, model_name: str | None) -> Collection:
-    """Start re-embedding a collection with another model; search switches when it is complete.
-
-    Left out, the provider is the collection's and the model that provider's default. The model
-    must be one the provider can embed with (``embedding_model_choose``); its current model
-    cancels a switch under way."""
-    current = Collection.objects.select_related("embedding_model").get(pk=collection.pk)
-    model = embedding_model_choose(provider=provider or current.embedding_model.provider, name=model_name)
-    with transaction.atomic():
-        collection = Collection.objects.select_for_update().get(pk=collection.pk)
-        if model.pk == collection.embedding_model_id:
-            _drop_next_model(collection)
-        else:
-            collection.next_embedding_model = model
-            _start_reembed(collection)
-    return collection
-
-
-def collection_reembed_retry(*, collection: Collection) -> Collection:
-    """Start a stopped (or retrying) re-embed again now."""
-    with transaction.atomic():
-        collection = _locked_reembedding(collection)
-        _start_reembed(collection)
-    return collection
-
-
-def collection_reembed_cancel(*, collection: Collection) -> Collection:
-    """Give up a switch: the collection stays on its model, the next model's vectors go."""
-    with transaction.atomic():
-        collection = _locked_reembedding(collection)
-        _drop_next_model(collection)
-    return collection
-
-
-def _locked_reembedding(collection: Collection) -> Collection:
-    """The collection, locked for the transaction; refused unless it is being re-embedded."""
-    collection = Collection.objects.select_for_update().get(pk=collection.pk)
-    if not collection.next_embedding_model_id:
-        raise KBError(ErrorCode.INVALID_ARGUMENT, f"Collection {collection.name} is not being re-embedded")
-    return collection
-
-
-def _start_reembed(collection: Collection) -> None:
-    """Clear any stop reason and queue the re-embed task (sent when the transaction commits)."""
-    collection.reembed_error, collection.reembed_stopped_at = "", None
-    collection.save(update_fields=REEMBED_STATE_FIELDS)
-    from kb.tasks import enqueue_collection_reembed
-
-    enqueue_collection_reembed(collection.pk)
-
-
-def _drop_next_model(collection: Collection) -> None:
-    if collection.next_embedding_model_id:
-        Embedding.objects.filter(collection=collection, model_id=collection.next_embedding_model_id).delete()
-    collection.next_embedding_model = None
-    collection.reembed_error, collection.reembed_stopped_at = "", None
-    collection.save(update_fields=REEMBED_STATE_FIELDS)
-
-
-def collection_reembed_failed(*, collection_id: int, reason: str, stopped: bool) -> None:
-    """Record why re-embedding cannot go on; ``stopped``: it will not retry by itself."""
-    Collection.objects.filter(pk=collection_id, next_embedding_model__isnull=False).update(
-        reembed_error=reason, reembed_stopped_at=timezone.now() if stopped else None, updated_at=timezone.now()
-    )
-
-
-def collection_reembed_step(*, collection_id: int) -> bool:
-    """Embed one batch of the collection's chunks with its next model; True when finished.
-
-    When no chunk lacks a vector of the next model, the models are switched under the
-    collection's row lock, so a concurrent ingest either sees the old pair or the new one.
-    """
-    try:
-        collection = Collection.objects.select_related("next_embedding_model").get(pk=collection_id)
-    except Collection.DoesNotExist:
-        return True
-    model = collection.next_embedding_model
-    if model is None:
-        return True
-    batch = _unembedded_batch(Chunk.objects.filter(collection_id=collection_id), model)
-    if batch:
-        vectors = embed_texts(model.provider, model.name, [text for _, text in batch])
-        insert_vectors(model, [chunk_id for chunk_id, _ in batch], vectors)
-        if collection.reembed_error:  # going again after a failure
-            Collection.objects.filter(pk=collection_id).update(reembed_error="", reembed_stopped_at=None)
-        return False
-    with transaction.atomic():
-        collection = Collection.objects.select_for_update().get(pk=collection_id)
-        if collection.next_embedding_model_id != model.pk:
-            return True
-        missing = Chunk.objects.filter(collection_id=collection_id).exclude(
-            Exists(Embedding.objects.filter(chunk=OuterRef("pk"), model=model))
-        )
-        if missing.exists():
-            return False
-        collection.embedding_model = model
-        collection.next_embedding_model = None
-        collection.reembed_error, collection.reembed_stopped_at = "", None
-        collection.save(update_fields=["embedding_model", *REEMBED_STATE_FIELDS])
-        _refresh_embedded_counts(collection, Document.objects.filter(collection_id=collection_id))
-    logger.info("collection %s now searches with %s", collection.name, model)
-    return True
+        return document_requeue_locked(document)

@@ -18,7 +18,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from kb.models import Chunk, Document, DocumentStatus, Embedding, IngestRefusal
-from kb.selectors import Stats, kb_stats
+from kb.selectors.stats import Stats, kb_stats
 
 # Columns of a document that lists and status polls need; never raw_content or metadata.
 DOCUMENT_SUMMARY_FIELDS = (

@@ -1,0 +1,64 @@
+"""Documents and their chunks: one document, a page of a collection's, a chunk with its neighbours."""
+
+from django.db.models import QuerySet
+
+from kb.errors import ErrorCode, KBError
+from kb.models import Chunk, Collection, Document, DocumentStatus
+
+
+def document_get(*, doc_id: str) -> Document:
+    try:
+        return Document.objects.select_related("collection").get(pk=doc_id)
+    except Document.DoesNotExist:
+        raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}") from None
+
+
+# Offsets beyond this cannot page anywhere useful and would overflow Postgres' bigint.
+MAX_OFFSET = 1_000_000_000
+
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+def document_list(
+    *, collection: Collection, limit: int = DEFAULT_PAGE_SIZE, offset: int = 0, status: str | None = None
+) -> list[Document]:
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"limit must be between 1 and {MAX_PAGE_SIZE}")
+    if not 0 <= offset <= MAX_OFFSET:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"offset must be between 0 and {MAX_OFFSET}")
+    documents = Document.objects.filter(collection=collection).defer("raw_content").order_by("created_at", "id")
+    if status:
+        if status not in DocumentStatus.values:
+            raise KBError(ErrorCode.INVALID_ARGUMENT, f"status must be one of {', '.join(DocumentStatus.values)}")
+        documents = documents.filter(status=status)
+    return list(documents[offset : offset + limit])
+
+
+def document_chunks(*, document: Document) -> QuerySet[Chunk]:
+    return Chunk.objects.filter(document=document).defer("search_vector").order_by("index")
+
+
+MAX_NEIGHBORS = 10
+
+
+def chunk_neighbors(*, document: Document, chunk_index: int, before: int = 1, after: int = 1) -> list[Chunk]:
+    """A chunk of ``document`` and up to ``before``/``after`` chunks on each side of it, in order:
+    the text around a search hit, without fetching the whole document."""
+    for name, count in (("before", before), ("after", after)):
+        if not 0 <= count <= MAX_NEIGHBORS:
+            raise KBError(ErrorCode.INVALID_ARGUMENT, f"{name} must be between 0 and {MAX_NEIGHBORS}")
+    if not 0 <= chunk_index <= MAX_OFFSET:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"chunk_index must be between 0 and {MAX_OFFSET}")
+    ordered = document_chunks(document=document)
+    hit = ordered.filter(index=chunk_index).first()
+    if hit is None:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"Document {document.id} has no chunk {chunk_index} (it has {document.chunk_count} chunks)",
+        )
+    # By position, not index arithmetic: chunks stored by a client may skip indices.
+    preceding = list(ordered.filter(index__lt=chunk_index).order_by("-index")[:before]) if before else []
+    following = list(ordered.filter(index__gt=chunk_index)[:after]) if after else []
+    return [*reversed(preceding), hit, *following]
