@@ -86,7 +86,7 @@ def test_the_list_stays_cheap_however_many_documents_there_are(admin_client, dja
 
 @pytest.fixture
 def two_collections():
-    """Nine documents in "handbook", three in "other"; returns a function giving the titles listed."""
+    """Nine documents in "handbook", three in "other"."""
     handbook, other = make_collection("handbook"), make_collection("other")
     many_documents(handbook, 9)
     many_documents(other, 3)
@@ -156,7 +156,10 @@ def upload(client, collection, *files):
 def test_a_bad_file_is_reported_by_name_without_stopping_the_others(admin_client):
     collection = make_collection("handbook")
     response = upload(
-        admin_client, collection, SimpleUploadedFile("empty.txt", b"   \n"), SimpleUploadedFile("good.txt", b"Some.\n")
+        admin_client,
+        collection,
+        SimpleUploadedFile("empty.txt", b"   \n"),
+        SimpleUploadedFile("good.txt", b"Some real text.\n"),
     )
     notes = messages_of(response)
     assert "Created: good.txt" in notes
@@ -168,7 +171,10 @@ def test_a_refused_upload_stays_listed_on_the_dashboard_with_its_reason(admin_cl
     """Not only flashed once: the dashboard lists it, with its reason."""
     collection = make_collection("handbook")
     upload(
-        admin_client, collection, SimpleUploadedFile("empty.txt", b"   \n"), SimpleUploadedFile("good.txt", b"Some.\n")
+        admin_client,
+        collection,
+        SimpleUploadedFile("empty.txt", b"   \n"),
+        SimpleUploadedFile("good.txt", b"Some real text.\n"),
     )
     dashboard = admin_client.get("/admin/").content.decode()
     assert "upload://empty.txt" in dashboard and "LOAD_FAILED" in dashboard and "No text to index" in dashboard

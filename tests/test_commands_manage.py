@@ -46,7 +46,7 @@ def test_the_help_of_each_command_explains_it_with_an_example(name):
     assert f"python manage.py {name} " in command.help
 
 
-def test_kb_search_prints_ranked_results_with_scores_sources_and_lines(library):
+def test_kb_search_prints_each_ranked_result_with_its_score_source_lines(library):
     out = run("kb_search", "upgrade one replica at a time", "--collection", "docs", "--top-k", "2")
     first = out.splitlines()[0]
     assert first.startswith(" 1. score ")
@@ -70,21 +70,37 @@ def test_kb_search_errors_exit_non_zero(library):
     assert "No results." in run("kb_search", "zzzqqq", "--mode", "keyword")
 
 
-def test_kb_collections_lists_creates_and_deletes(library):
+def test_kb_collections_lists_collections_as_a_table(library):
     table = run("kb_collections", "list")
     header, _, docs_row = table.splitlines()
     assert header.split()[:3] == ["NAME", "DOCS", "READY"]
     assert docs_row.split()[:3] == ["docs", "1", "1"]
+
+
+def test_kb_collections_lists_collections_as_json(library):
     listed = json.loads(run("kb_collections", "list", "--json"))
     assert [c["name"] for c in listed["collections"]] == ["code", "docs"]
+
+
+def test_kb_collections_creates_a_collection(library):
     assert "Created collection notes" in run(
         "kb_collections", "create", "notes", "--description", "N", "--chunk-max-tokens", "256"
     )
     assert Collection.objects.get(name="notes").chunk_max_tokens == 256
+
+
+def test_kb_collections_refuses_to_create_an_existing_name(library):
     with pytest.raises(CommandError, match="COLLECTION_EXISTS"):
-        run("kb_collections", "create", "notes")
+        run("kb_collections", "create", "docs")
+
+
+def test_kb_collections_deletes_only_with_yes(library):
     with pytest.raises(CommandError, match="--yes"):
         run("kb_collections", "delete", "docs")
+    assert Collection.objects.filter(name="docs").exists()
+
+
+def test_kb_collections_deletes_a_collection(library):
     assert "Deleted collection docs with 1 documents" in run("kb_collections", "delete", "docs", "--yes")
     assert not Collection.objects.filter(name="docs").exists()
 
@@ -109,44 +125,82 @@ def test_kb_reembed_switches_the_model_in_the_background(library, remote_provide
         run("kb_reembed", "--collection", "docs", "--model", "no-such-model")
 
 
-def test_kb_reembed_reports_a_stopped_switch_and_retries_or_cancels_it(library, remote_providers):
+@pytest.fixture
+def stopped_switch(library, remote_providers):
+    """The "docs" collection's switch to another model, stopped."""
     docs = Collection.objects.get(name="docs")
     collection_switch_model(collection=docs, provider="ollama", model_name="fake-embed")
     collection_reembed_failed(collection_id=docs.pk, reason="Ollama refused the request: gone", stopped=True)
+
+
+def test_kb_reembed_status_reports_a_stopped_switch(stopped_switch):
     status = run("kb_reembed", "--collection", "docs", "--status")
     assert "stopped: Ollama refused the request: gone (retry or cancel it" in status
+
+
+def test_kb_reembed_waiting_on_a_stopped_switch_fails(stopped_switch):
     with pytest.raises(CommandError, match="stopped: Ollama refused the request: gone"):
         run("kb_reembed", "--collection", "docs", "--status", "--wait")
+
+
+def test_kb_reembed_retries_a_stopped_switch(stopped_switch):
     assert "re-embedding with ollama:fake-embed, 16d: 0 of" in run("kb_reembed", "--collection", "docs", "--retry")
     assert Collection.objects.get(name="docs").reembed_stopped_at is None
+
+
+def test_kb_reembed_cancels_a_stopped_switch(stopped_switch):
     cancelled = run("kb_reembed", "--collection", "docs", "--cancel")
     assert cancelled.strip() == "Re-embedding cancelled: docs stays on local:all-MiniLM-L6-v2, 384d."
+
+
+def test_kb_reembed_refuses_to_retry_what_is_not_being_re_embedded(library):
     with pytest.raises(CommandError, match=r"INVALID_ARGUMENT.*not being re-embedded"):
         run("kb_reembed", "--collection", "docs", "--retry")
 
 
-def test_kb_delete_deletes_documents_and_fails_on_unknown_ids(library):
+def test_kb_delete_deletes_a_document(library):
     guide = library["guide"]
     assert f"Deleted {guide.pk} (file:///guide.md) from docs." in run("kb_delete", guide.pk)
     assert not Document.objects.filter(pk=guide.pk).exists()
+
+
+def test_kb_delete_of_an_unknown_id_exits_1_deleting_the_known_ones(library):
     with pytest.raises(CommandError) as failed:
-        run("kb_delete", guide.pk, library["retry"].pk)
+        run("kb_delete", "01HRE4KXQN8Z3J2X5Y7A9B4C6D", library["guide"].pk, library["retry"].pk)
     assert failed.value.returncode == 1
     assert not Document.objects.exists()
 
 
-def test_kb_token_creates_lists_and_revokes(library):
-    raw = run("kb_token", "create", "ci", "--scope", "write", "--collection", "docs", "--expires-days", "30").strip()
-    token = token_authenticate(raw=raw)
+def create_ci_token() -> str:
+    return run("kb_token", "create", "ci", "--scope", "write", "--collection", "docs", "--expires-days", "30").strip()
+
+
+def test_kb_token_creates_a_token(library):
+    token = token_authenticate(raw=create_ci_token())
     assert (token.name, token.scope, [c.name for c in token.collections.all()]) == ("ci", "write", ["docs"])
     assert token.expires_at is not None
+
+
+def test_kb_token_lists_tokens_without_their_secret(library):
+    raw = create_ci_token()
+    token = token_authenticate(raw=raw)
     table = run("kb_token", "list")
     assert token.prefix in table and "docs" in table and "active" in table
     assert raw not in table
+
+
+def test_kb_token_revokes_a_token(library):
+    token = token_authenticate(raw=create_ci_token())
     assert f"Revoked token {token.prefix}" in run("kb_token", "revoke", token.prefix)
     assert ApiToken.objects.get().revoked_at is not None
     assert "revoked" in run("kb_token", "list")
+
+
+def test_kb_token_refuses_a_token_for_an_unknown_collection(library):
     with pytest.raises(CommandError, match="COLLECTION_NOT_FOUND"):
         run("kb_token", "create", "bad", "--collection", "nope")
+
+
+def test_kb_token_refuses_to_revoke_an_unknown_prefix(library):
     with pytest.raises(CommandError, match="INVALID_ARGUMENT"):
         run("kb_token", "revoke", "00000000")
