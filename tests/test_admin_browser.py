@@ -71,7 +71,7 @@ def curator() -> User:
     return User.objects.create_superuser("curator", "curator@example.org", PASSWORD)
 
 
-def test_a_curator_uploads_files_watches_them_become_ready_and_finds_them(
+def test_a_curator_watches_uploaded_files_become_ready_then_finds_them(
     chromium_path, static_files, curator, celery_worker, live_server_url
 ):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,7 @@ def test_it_shows_the_ingestion_queue(one_of_each):
 
 
 @pytest.fixture
-def fine_and_broken(admin_client):
+def fine_beside_broken(admin_client):
     """A fine and a failed document; returns the failed one and the dashboard."""
     collection = make_collection("handbook")
     add_text(collection, "note://fine", title="Fine one")
@@ -63,14 +63,14 @@ def fine_and_broken(admin_client):
     return broken, admin_client.get(INDEX).content.decode()
 
 
-def test_recent_ingestions_list_every_document(fine_and_broken):
-    _, page = fine_and_broken
+def test_recent_ingestions_list_every_document(fine_beside_broken):
+    _, page = fine_beside_broken
     recent = page.split("<caption>Recent ingestions</caption>")[1].split("</table>")[0]
     assert "Fine one" in recent and "Broken one" in recent
 
 
-def test_failed_ingestions_link_to_their_documents_with_the_reason(fine_and_broken):
-    broken, page = fine_and_broken
+def test_failed_ingestions_link_to_their_documents_with_the_reason(fine_beside_broken):
+    broken, page = fine_beside_broken
     failed = page.split("<caption>Failed ingestions</caption>")[1].split("</table>")[0]
     assert reverse("admin:kb_document_change", args=[broken.pk]) in failed
     assert "LOAD_FAILED" in failed and "The file is empty" in failed and "Fine one" not in failed

@@ -47,7 +47,7 @@ def act(client, action: str, *documents: Document, **extra):
 
 
 @pytest.fixture
-def ready_and_failed():
+def ready_beside_failed():
     collection = make_collection("handbook")
     ready = add_text(collection, "note://wings", title="Wings")
     give_vectors(ready)
@@ -55,8 +55,8 @@ def ready_and_failed():
     return ready, broken
 
 
-def test_the_list_shows_each_document_s_status_badge_with_its_details(admin_client, ready_and_failed):
-    ready, broken = ready_and_failed
+def test_the_list_shows_each_document_s_status_badge_with_its_details(admin_client, ready_beside_failed):
+    ready, broken = ready_beside_failed
     page = admin_client.get(LIST).content.decode()
     assert f'data-kb-doc="{ready.pk}" data-kb-status="ready">Ready</span>' in page
     assert f'data-kb-doc="{broken.pk}" data-kb-status="failed" title="LOAD_FAILED: unreadable">Failed</span>' in page
@@ -64,7 +64,7 @@ def test_the_list_shows_each_document_s_status_badge_with_its_details(admin_clie
     assert "handbook" in page and "markdown" in page and "note://wings" in page
 
 
-def test_the_list_loads_the_live_status_script(admin_client, ready_and_failed):
+def test_the_list_loads_the_live_status_script(admin_client, ready_beside_failed):
     page = admin_client.get(LIST).content.decode()
     assert "kb/status.js" in page and f'data-kb-status-url="{STATUS}"' in page
 
@@ -180,7 +180,7 @@ def test_a_refused_upload_stays_listed_on_the_dashboard_with_its_reason(admin_cl
     assert "upload://empty.txt" in dashboard and "LOAD_FAILED" in dashboard and "No text to index" in dashboard
 
 
-def test_a_lone_bad_file_is_reported_and_recorded_as_refused(admin_client):
+def test_a_lone_bad_file_is_recorded_as_refused(admin_client):
     collection = make_collection("handbook")
     alone = admin_client.post(
         ADD,
@@ -416,7 +416,7 @@ def test_the_detail_page_buttons_run_the_same_actions(admin_client):
 
 
 @pytest.fixture
-def processing_and_ready():
+def processing_beside_ready():
     collection = make_collection("handbook")
     pending = add_text(collection, "note://pending")
     ready = add_text(collection, "note://ready")
@@ -425,8 +425,8 @@ def processing_and_ready():
     return pending, ready
 
 
-def test_the_status_endpoint_reports_each_document_s_progress(admin_client, processing_and_ready):
-    pending, ready = processing_and_ready
+def test_the_status_endpoint_reports_each_document_s_progress(admin_client, processing_beside_ready):
+    pending, ready = processing_beside_ready
     response = admin_client.get(STATUS, {"id": [pending.pk, ready.pk, "01NOTADOCUMENT000000000000"]})
     data = json.loads(response.content)
     by_id = {doc["id"]: doc for doc in data["documents"]}
@@ -443,8 +443,8 @@ def test_the_status_endpoint_reports_each_document_s_progress(admin_client, proc
     assert by_id[ready.pk]["status"] == "ready"
 
 
-def test_the_status_endpoint_reports_the_queue(admin_client, processing_and_ready):
-    pending, ready = processing_and_ready
+def test_the_status_endpoint_reports_the_queue(admin_client, processing_beside_ready):
+    pending, ready = processing_beside_ready
     data = json.loads(admin_client.get(STATUS, {"id": [pending.pk, ready.pk]}).content)
     assert data["queue"] == {"pending": 0, "processing": 1, "failed": 0}
 

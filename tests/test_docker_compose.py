@@ -21,18 +21,29 @@ def test_every_variable_it_sets_is_a_setting_the_project_reads():
         assert not unknown, f"{name} sets variables no setting reads: {unknown}"
 
 
-def test_services_have_health_checks_and_the_data_has_volumes():
+def test_every_service_has_a_health_check():
     services = compose()["services"]
     for name in ("postgres", "redis", "ollama", "web", "worker"):
         assert "healthcheck" in services[name], name
+
+
+def test_the_data_lives_in_volumes():
+    services = compose()["services"]
     assert "pgdata:/var/lib/postgresql/data" in services["postgres"]["volumes"]
     assert set(compose()["volumes"]) >= {"pgdata", "redisdata", "ollama"}
 
 
-def test_the_database_is_postgres_with_pgvector_and_the_broker_is_redis():
+def test_the_database_is_postgres_with_pgvector():
     services = compose()["services"]
     assert services["postgres"]["image"].startswith("pgvector/pgvector")
     environment = services["web"]["environment"]
     assert environment["DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in environment["DATABASE_URL"]
-    assert environment["CELERY_BROKER_URL"] == "redis://redis:6379/0"
-    assert services["worker"]["environment"] == environment
+
+
+def test_the_broker_is_redis():
+    assert compose()["services"]["web"]["environment"]["CELERY_BROKER_URL"] == "redis://redis:6379/0"
+
+
+def test_the_worker_runs_with_the_web_environment():
+    services = compose()["services"]
+    assert services["worker"]["environment"] == services["web"]["environment"]

@@ -211,7 +211,7 @@ def test_a_dead_backend_is_a_retryable_embedding_error(settings):
         assert "unreachable" in error.value.message
 
 
-def test_refusals_are_not_retried_and_say_what_to_do(settings):
+def test_a_refusal_is_not_retried_but_says_what_to_do(settings):
     routes = {
         "/api/embed": lambda h, b: (404, {"content-type": "application/json"}, b'{"error": "model \\"x\\" not found"}'),
         "/v1/embeddings": lambda h, b: (

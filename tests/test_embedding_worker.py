@@ -120,7 +120,7 @@ def test_remote_providers_embed_through_the_worker(tmp_path, provider, settings)
         assert f"vector({DIMENSIONS})" in cursor.fetchone()[0]
 
 
-def test_a_dead_backend_fails_the_document_readably_and_a_retry_recovers(tmp_path, settings):
+def test_a_document_failed_readably_by_a_dead_backend_recovers_on_retry(tmp_path, settings):
     port = free_port()
     env = {"OLLAMA_HOST": f"http://127.0.0.1:{port}", "EMBEDDING_MAX_RETRIES": "1", "EMBEDDING_TIMEOUT_SECONDS": "2"}
     worker = start_worker(tmp_path, extra_env=env)
@@ -169,7 +169,7 @@ def test_changing_the_model_re_embeds_in_the_background_then_switches(tmp_path, 
     assert (document.status, document.embedded_count) == (DocumentStatus.READY, document.chunk_count)
 
 
-def test_a_re_embed_that_stops_says_why_and_a_retry_finishes_it(tmp_path, settings):
+def test_a_re_embed_stopped_with_its_reason_is_finished_by_a_retry(tmp_path, settings):
     port = free_port()
     worker = start_worker(tmp_path, extra_env={"OLLAMA_HOST": f"http://127.0.0.1:{port}"})
     try:
@@ -199,7 +199,7 @@ def reembedding_of(collection: Collection):
     return collection_reembedding(collection=Collection.objects.get(pk=collection.pk))
 
 
-def test_a_worker_keeps_a_heartbeat_with_its_queues_and_removes_it_when_it_stops(tmp_path, client):
+def test_a_worker_s_heartbeat_with_its_queues_lasts_while_it_runs(tmp_path, client):
     worker = start_worker(tmp_path, name="beating", queues="interactive")
     try:
         wait_for(

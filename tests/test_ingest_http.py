@@ -81,22 +81,38 @@ def test_redirect_loops_stop_after_the_limit(collection, settings):
         fails_with(collection, f"{base}/loop", ErrorCode.LOAD_FAILED, "redirected more than 5 times")
 
 
-def test_size_time_and_status_limits_give_load_failed(collection, settings):
-    def slow(handler, body):
-        time.sleep(2)
-        return 200, {}, b"late"
+def _slow(handler, body):
+    time.sleep(2)
+    return 200, {}, b"late"
 
-    routes = {"/big": text("x" * 5000), "/slow": slow, "/missing": lambda h, b: (404, {}, b"no")}
+
+@pytest.fixture
+def limited_server(settings):
+    """A loopback server that fetches may reach, with a 2048-byte limit and a half-second timeout."""
+    routes = {"/big": text("x" * 5000), "/slow": _slow, "/missing": lambda h, b: (404, {}, b"no")}
     with serve(routes) as base:
         settings.KB_FETCH_ALLOWED_PRIVATE_HOSTS = ["127.0.0.1"]
         settings.KB_FETCH_MAX_BYTES = 2048
-        fails_with(collection, f"{base}/big", ErrorCode.LOAD_FAILED, "KB_FETCH_MAX_BYTES")
         settings.KB_FETCH_TIMEOUT_SECONDS = 0.5
-        fails_with(collection, f"{base}/slow", ErrorCode.LOAD_FAILED, "did not answer in time")
-        fails_with(collection, f"{base}/missing", ErrorCode.LOAD_FAILED, "HTTP 404")
+        yield base
 
 
-def test_unresolvable_hosts_and_bad_urls_are_clear_errors(collection):
-    fails_with(collection, "http://no-such-host.invalid/x", ErrorCode.LOAD_FAILED, "Cannot resolve")
-    fails_with(collection, "https:///nohost", ErrorCode.INVALID_URI, "no host")
-    fails_with(collection, "http://example.org:99999/x", ErrorCode.INVALID_URI, "invalid port")
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [("/big", "KB_FETCH_MAX_BYTES"), ("/slow", "did not answer in time"), ("/missing", "HTTP 404")],
+    ids=["size", "time", "status"],
+)
+def test_a_response_over_a_limit_gives_load_failed(collection, limited_server, path, fragment):
+    fails_with(collection, f"{limited_server}{path}", ErrorCode.LOAD_FAILED, fragment)
+
+
+@pytest.mark.parametrize(
+    ("uri", "code", "fragment"),
+    [
+        ("http://no-such-host.invalid/x", ErrorCode.LOAD_FAILED, "Cannot resolve"),
+        ("https:///nohost", ErrorCode.INVALID_URI, "no host"),
+        ("http://example.org:99999/x", ErrorCode.INVALID_URI, "invalid port"),
+    ],
+)
+def test_an_unusable_url_is_a_clear_error(collection, uri, code, fragment):
+    fails_with(collection, uri, code, fragment)

@@ -72,7 +72,10 @@ def test_running_it_again_changes_nothing(collection, tmp_path):
     assert dict(Chunk.objects.values_list("id", "content_hash")) == before
 
 
-def test_editing_a_file_updates_it_in_place_and_reuses_unchanged_chunk_vectors(db, tmp_path):
+@pytest.fixture
+def edited_manual(db, tmp_path):
+    """A manual of four sections ingested and embedded, then ingested again with one section rewritten;
+    returns the first document and the item of the second ingest."""
     collection = collection_create(name="small", chunk_max_tokens=200, chunk_min_tokens=0)
     folder = tmp_path / "docs"
     folder.mkdir()
@@ -83,9 +86,17 @@ def test_editing_a_file_updates_it_in_place_and_reuses_unchanged_chunk_vectors(d
     embed_everything(collection)
     sections[2] = "## Section 2\n\nThis section was rewritten entirely."
     (folder / "long.md").write_text("# Manual\n\n" + "\n\n".join(sections))
-    item = ingest(collection, folder / "long.md", [tmp_path]).items[0]
+    return first, ingest(collection, folder / "long.md", [tmp_path]).items[0]
+
+
+def test_editing_a_file_updates_its_document_in_place(edited_manual):
+    first, item = edited_manual
     assert item.outcome == "updated" and item.document.pk == first.pk
     assert Document.objects.count() == 1
+
+
+def test_editing_a_file_reuses_the_vectors_of_its_unchanged_chunks(edited_manual):
+    _, item = edited_manual
     document = Document.objects.get()
     missing = Chunk.objects.filter(document=document).exclude(embeddings__isnull=False)
     assert item.chunks_reused == document.chunk_count - missing.count() >= 2
@@ -139,7 +150,7 @@ def test_data_uris_are_decoded(collection, uri):
         ),
     ],
 )
-def test_bad_uris_are_refused_and_nothing_is_stored(collection, uri, code):
+def test_a_bad_uri_is_refused_without_storing_anything(collection, uri, code):
     with pytest.raises(KBError) as error:
         ingest(collection, uri, [])
     assert error.value.code == code
@@ -178,7 +189,7 @@ def test_files_outside_the_roots_cannot_be_read(collection, tmp_path):
     assert not Document.objects.exists()
 
 
-def test_a_directory_skips_links_that_escape_and_reports_them(collection, tmp_path):
+def test_a_directory_walk_refuses_links_that_escape_its_root(collection, tmp_path):
     root = tmp_path / "data"
     root.mkdir()
     (tmp_path / "outside.md").write_text("# outside")
@@ -190,14 +201,19 @@ def test_a_directory_skips_links_that_escape_and_reports_them(collection, tmp_pa
     assert Document.objects.get().title == "inside"
 
 
-def test_binary_and_undecodable_files_are_refused_with_a_clear_error(collection, tmp_path):
-    (tmp_path / "image.md").write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(256))
-    (tmp_path / "noise.txt").write_bytes(bytes(range(256)) * 4)
-    for name, expected in (("image.md", "PNG image"), ("noise.txt", "binary")):
-        with pytest.raises(KBError) as error:
-            ingest(collection, tmp_path / name, [tmp_path])
-        assert error.value.code == ErrorCode.LOAD_FAILED
-        assert expected in error.value.message
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("image.md", b"\x89PNG\r\n\x1a\n" + os.urandom(256), "PNG image"),
+        ("noise.txt", bytes(range(256)) * 4, "binary"),
+    ],
+)
+def test_a_file_that_is_not_text_is_refused_with_a_clear_error(collection, tmp_path, name, content, expected):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(KBError) as error:
+        ingest(collection, tmp_path / name, [tmp_path])
+    assert error.value.code == ErrorCode.LOAD_FAILED
+    assert expected in error.value.message
     assert not Document.objects.exists()
 
 
@@ -227,13 +243,12 @@ def test_an_upload_over_the_size_limit_is_refused_before_it_is_read(collection, 
     assert not Document.objects.exists()
 
 
-def test_malformed_json_and_yaml_are_refused(collection, tmp_path):
-    (tmp_path / "bad.json").write_text('{"a": 1,,}')
-    (tmp_path / "bad.yaml").write_text("key: [unclosed\n")
-    for name in ("bad.json", "bad.yaml"):
-        with pytest.raises(KBError) as error:
-            ingest(collection, tmp_path / name, [tmp_path])
-        assert error.value.code == ErrorCode.LOAD_FAILED
+@pytest.mark.parametrize(("name", "content"), [("bad.json", '{"a": 1,,}'), ("bad.yaml", "key: [unclosed\n")])
+def test_malformed_structured_text_is_refused(collection, tmp_path, name, content):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(KBError) as error:
+        ingest(collection, tmp_path / name, [tmp_path])
+    assert error.value.code == ErrorCode.LOAD_FAILED
     assert not Document.objects.exists()
 
 
@@ -246,17 +261,25 @@ def test_uploads_are_documents_that_a_second_upload_updates(collection):
     assert pdf.document.content_type == "pdf"
 
 
-def test_caller_chunks_are_stored_as_given_and_later_batches_merge(collection):
-    stored = document_store_chunks(
+def store_first_batch(collection):
+    return document_store_chunks(
         collection=collection,
         source_uri="paper.pdf",
         chunks=[ChunkInput(index=0, text="First paragraph.", metadata={"page": 1, "author": "Smith"}),
                 ChunkInput(index=1, text="Second paragraph.", metadata={"page": 1})],
     )  # fmt: skip
+
+
+def test_caller_chunks_are_stored_as_given(collection):
+    stored = store_first_batch(collection)
     assert [(c.index, c.content, c.metadata) for c in stored.document.chunks.order_by("index")] == [
         (0, "First paragraph.", {"page": 1, "author": "Smith"}),
         (1, "Second paragraph.", {"page": 1}),
     ]
+
+
+def test_a_later_batch_of_caller_chunks_merges_into_the_document(collection):
+    stored = store_first_batch(collection)
     more = document_store_chunks(
         collection=collection,
         source_uri="paper.pdf",

@@ -73,7 +73,7 @@ def run_once_and_stop(tmp_path) -> str:
 
 
 @pytest.mark.timeout(600)
-def test_it_serves_the_admin_and_stops_everything_on_ctrl_c(tmp_path):
+def test_it_serves_the_admin_until_ctrl_c_stops_everything_cleanly(tmp_path):
     first = run_once_and_stop(tmp_path)
     assert "Created superuser 'curator'" in first
     assert "Embedded Postgres stopped." in first

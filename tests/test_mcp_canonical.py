@@ -50,15 +50,22 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def test_it_offers_rag_mcps_tools_with_annotations_and_schemas():
+def test_it_offers_rag_mcps_tools():
+    assert sorted(tools_of(SERVER)) == sorted(READ_TOOLS + WRITE_TOOLS)
+
+
+def test_its_tools_carry_rag_mcps_annotations():
     tools = tools_of(SERVER)
-    assert sorted(tools) == sorted(READ_TOOLS + WRITE_TOOLS)
     for name in READ_TOOLS:
         assert tools[name].annotations.read_only_hint is True, name
     for name in ("rag_delete", "rag_delete_collection"):
         assert tools[name].annotations.destructive_hint is True
     assert tools["rag_ingest"].annotations.idempotent_hint is True
     assert tools["rag_ingest"].annotations.open_world_hint is True
+
+
+def test_its_input_schemas_are_rag_mcps():
+    tools = tools_of(SERVER)
     search = tools["rag_search"].input_schema
     assert search["required"] == ["query"]
     # As the seed advertises them; left out, the collection's own settings apply (10 and true unless changed).
@@ -68,6 +75,10 @@ def test_it_offers_rag_mcps_tools_with_annotations_and_schemas():
     assert sorted(tools["rag_ingest"].input_schema["required"]) == ["collection", "uri"]
     assert "rust" in tools["rag_ingest"].input_schema["properties"]["content_type"]["enum"]
     assert tools["rag_create_collection"].input_schema["properties"]["name"]["pattern"] == "^[a-zA-Z0-9_-]+$"
+
+
+def test_its_output_schemas_are_flat_objects():
+    tools = tools_of(SERVER)
     for tool in tools.values():
         assert tool.output_schema["type"] == "object", tool.name
         assert "$ref" not in json.dumps(tool.output_schema), tool.name  # flattened: clients validate faster
@@ -93,7 +104,7 @@ def test_read_only_mode_leaves_out_every_tool_that_writes(settings):
     assert sorted(tools_of(build_server("canonical"))) == sorted(READ_TOOLS)
 
 
-def test_a_document_goes_in_is_found_and_goes_out():
+def test_a_document_s_whole_life_through_the_tools():
     created = call_ok(SERVER, "rag_create_collection", {"name": "code", "description": "Source code files"})
     assert created == {"success": True, "name": "code", "description": "Source code files", "uuid": ANY}
     source = 'fn main() {\n    println!("Hello");\n}\n'
@@ -143,12 +154,18 @@ def test_a_document_goes_in_is_found_and_goes_out():
     assert call_ok(SERVER, "rag_search", {"query": "println"})["total_results"] == 0
 
 
-def test_hybrid_search_finds_by_meaning_and_filters_by_metadata():
+@pytest.fixture
+def two_notes() -> str:
+    """An embedded note on aerodynamics and one on cooking; returns the first's id."""
     collection_create(name="notes")
     aero = ingest("notes", AERO, metadata={"year": 2021, "topic": "aero"})["doc_id"]
     ingest("notes", COOKING, metadata={"year": 2019, "topic": "food"})
     assert embed_pending() == 2
+    return aero
 
+
+def test_search_finds_by_meaning_on_one_score_scale(two_notes):
+    aero = two_notes
     semantic = call_ok(SERVER, "rag_search", {"query": "how do airplanes stay up", "mode": "semantic"})
     assert semantic["results"][0]["source"] == aero
     assert 0.0 < semantic["results"][0]["similarity"] <= 1.0
@@ -164,6 +181,9 @@ def test_hybrid_search_finds_by_meaning_and_filters_by_metadata():
         assert found and scores == sorted(scores, reverse=True) and 0.3 < scores[0] <= 1.0, (mode, scores)
         assert (found[0]["fused_score"] is None) == (mode != "hybrid"), mode
 
+
+def test_search_filters_narrow_the_results(two_notes):
+    aero = two_notes
     recent = call_ok(SERVER, "rag_search", {"query": "dough or wings", "metadata_filter": {"year": {"$gte": 2020}}})
     assert {hit["source"] for hit in recent["results"]} == {aero}
     assert call_ok(SERVER, "rag_search", {"query": "wings", "metadata_filter": {"topic": "none"}})["results"] == []
@@ -204,7 +224,7 @@ def test_ingestion_status_waits_until_the_document_is_embedded():
     assert (whole["done"], whole["counts"]["ready"], whole["documents"]) == (True, 1, [])
 
 
-def test_a_document_can_be_fetched_and_a_collection_deleted_with_confirmation():
+def test_a_document_can_be_fetched_with_its_content_on_request():
     collection_create(name="notes")
     doc_id = ingest("notes", f"{AERO}\n\n{COOKING}", title="Two notes", metadata={"author": "Smith"})["doc_id"]
     plain = call_ok(SERVER, "rag_get_document", {"doc_id": doc_id})
@@ -216,6 +236,10 @@ def test_a_document_can_be_fetched_and_a_collection_deleted_with_confirmation():
         {"index": 0, "content": ANY, "tokens": ANY, "lines": "1-3", "page": None, "heading_path": []}
     ]
 
+
+def test_a_collection_is_deleted_only_with_confirmation():
+    collection_create(name="notes")
+    ingest("notes", f"{AERO}\n\n{COOKING}", title="Two notes", metadata={"author": "Smith"})
     refused = error_of(call(SERVER, "rag_delete_collection", {"name": "notes"}))
     assert refused["code"] == "INVALID_ARGUMENT" and "confirm: true" in refused["message"]
     deleted = call_ok(SERVER, "rag_delete_collection", {"name": "notes", "confirm": True})
@@ -223,20 +247,31 @@ def test_a_document_can_be_fetched_and_a_collection_deleted_with_confirmation():
     assert call_ok(SERVER, "rag_list_collections")["total"] == 0
 
 
-def test_a_hit_says_where_it_sits_and_its_neighbours_can_be_read_within_the_caller_s_access():
+@pytest.fixture
+def glider_manual() -> tuple[str, str]:
+    """A manual in sections, one chunk each, and a document in a collection "secret"; their ids."""
     collection_create(name="manual", chunk_max_tokens=24, chunk_min_tokens=0)
     collection_create(name="secret")
     sections = ["Rigging", "Launch", "Thermals", "Landing"]
     text = "# Glider manual\n\n" + "\n\n".join(
         f"## {name}\n\nThe {name.lower()} steps of the glider come in this order." for name in sections
     )
-    doc_id = ingest("manual", text, content_type="markdown")["doc_id"]
-    hidden = ingest("secret", COOKING)["doc_id"]
+    return ingest("manual", text, content_type="markdown")["doc_id"], ingest("secret", COOKING)["doc_id"]
 
-    hit = call_ok(SERVER, "rag_search", {"query": "thermals steps", "collection": "manual", "hybrid": False})[
+
+def thermals_hit() -> dict:
+    return call_ok(SERVER, "rag_search", {"query": "thermals steps", "collection": "manual", "hybrid": False})[
         "results"
     ][0]
-    assert hit["metadata"]["heading_path"] == ["Glider manual", "Thermals"]
+
+
+def test_a_hit_says_where_it_sits(glider_manual):
+    assert thermals_hit()["metadata"]["heading_path"] == ["Glider manual", "Thermals"]
+
+
+def test_a_hit_s_neighbours_can_be_read(glider_manual):
+    doc_id, _ = glider_manual
+    hit = thermals_hit()
     index = hit["metadata"]["chunk_index"]
     around = call_ok(SERVER, "rag_read_neighbors", {"doc_id": hit["source"], "chunk_index": index, "after": 2})
     assert (around["source"], around["collection"], around["truncated"]) == (doc_id, "manual", False)
@@ -245,10 +280,17 @@ def test_a_hit_says_where_it_sits_and_its_neighbours_can_be_read_within_the_call
     alone = call_ok(SERVER, "rag_read_neighbors", {"doc_id": doc_id, "chunk_index": index, "before": 0, "after": 0})
     assert [chunk["content"] for chunk in alone["chunks"]] == [hit["content"]]
 
+
+def test_neighbours_are_read_within_the_caller_s_access(glider_manual):
+    doc_id, hidden = glider_manual
     reader = Access(scope="read", collections=frozenset({"manual"}))
     assert call_ok(SERVER, "rag_read_neighbors", {"doc_id": doc_id, "chunk_index": 0}, access=reader)["chunks"]
     refused = error_of(call(SERVER, "rag_read_neighbors", {"doc_id": hidden, "chunk_index": 0}, access=reader))
     assert refused["code"] == "DOCUMENT_NOT_FOUND"
+
+
+def test_neighbours_outside_the_document_are_refused(glider_manual):
+    doc_id, _ = glider_manual
     for arguments in ({"chunk_index": 99}, {"chunk_index": -1}, {"chunk_index": 0, "before": 11}):
         refused = error_of(call(SERVER, "rag_read_neighbors", {"doc_id": doc_id, **arguments}))
         assert refused["code"] == "INVALID_ARGUMENT", arguments
@@ -299,7 +341,7 @@ def test_file_uris_are_read_under_the_configured_roots_only(settings, tmp_path):
     assert outside["code"] == "INVALID_URI"
 
 
-def test_resources_show_collections_and_documents_as_json():
+def test_resources_show_the_knowledge_base_as_json():
     collection_create(name="code", description="Source code files")
     doc_id = ingest("code", "line one\nline two\n", title="Lines")["doc_id"]
 
@@ -359,7 +401,7 @@ def test_a_missing_resource_is_an_error_with_the_seeds_code():
     }  # fmt: skip
 
 
-def test_it_offers_a_grounded_answer_prompt_and_a_citation_prompt():
+def test_it_offers_rag_mcps_two_prompts():
     async def prompts(client):
         listed = await client.list_prompts()
         return listed, await client.get_prompt("grounded_qa_prompt"), await client.get_prompt("citation_prompt")

@@ -51,22 +51,27 @@ def paper_chunks() -> list[dict]:
     ]
 
 
-@pytest.mark.parametrize(
-    ("profile", "writing", "reading"),
-    [
-        ("scirag", ["store_document_chunks"], ["list_collections", "retrieve_document_chunks"]),
-        ("hybrid", [], ["search_documents"]),
-        ("synthesis", ["create_collection", "delete_collection", "delete_document", "fetch_and_add_document_from_url"],
-         ["list_collections", "list_documents", "search_rag"]),
-        ("ragmcpserver", ["Inject"], ["Query"]),
-    ],
-)  # fmt: skip
-def test_each_profile_offers_exactly_its_seeds_tools_and_hides_writers_when_read_only(profile, writing, reading):
+# Each profile with the tools of its seed that write and those that only read.
+PROFILE_TOOLS = [
+    ("scirag", ["store_document_chunks"], ["list_collections", "retrieve_document_chunks"]),
+    ("hybrid", [], ["search_documents"]),
+    ("synthesis", ["create_collection", "delete_collection", "delete_document", "fetch_and_add_document_from_url"],
+     ["list_collections", "list_documents", "search_rag"]),
+    ("ragmcpserver", ["Inject"], ["Query"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("profile", "writing", "reading"), PROFILE_TOOLS)
+def test_each_profile_offers_exactly_its_seeds_tools(profile, writing, reading):
     assert sorted(schemas(build_server(profile, read_only=False))) == sorted(writing + reading)
+
+
+@pytest.mark.parametrize(("profile", "reading"), [(profile, reading) for profile, _, reading in PROFILE_TOOLS])
+def test_read_only_hides_each_profile_s_writers(profile, reading):
     assert sorted(schemas(build_server(profile, read_only=True))) == sorted(reading)
 
 
-def test_scirag_keeps_its_argument_names_and_defaults():
+def test_scirag_keeps_its_seed_s_argument_signature():
     tools = schemas(SCIRAG)
     retrieve = tools["retrieve_document_chunks"].input_schema
     assert retrieve["required"] == ["query"]
@@ -77,7 +82,7 @@ def test_scirag_keeps_its_argument_names_and_defaults():
     assert tools["list_collections"].input_schema["properties"] == {}
 
 
-def test_scirag_stores_chunks_and_retrieves_them_with_similarity_scores():
+def test_scirag_retrieves_the_chunks_it_stored_with_similarity_scores():
     stored = call_ok(SCIRAG, "store_document_chunks", {"chunks": paper_chunks(), "collection": "research-papers"})
     # No worker here and no wait (KB_WRITE_WAIT_SECONDS=0): the message says embedding continues.
     assert stored == {
@@ -124,10 +129,13 @@ def test_scirag_store_reports_validation_errors_without_raising():
     assert not Document.objects.exists()
 
 
-def test_scirag_retrieve_raises_and_list_collections_gives_an_empty_list_on_error():
+def test_scirag_retrieve_raises_on_error():
     missing = call(SCIRAG, "retrieve_document_chunks", {"query": "x", "collection": "nope"})
     assert missing.is_error
     assert missing.content[0].text == "Error executing tool retrieve_document_chunks: Collection not found: nope"
+
+
+def test_scirag_list_collections_gives_an_empty_list_on_error():
     collection_create(name="exists")
     assert call_ok(SCIRAG, "list_collections", access=None) == []  # a request without credentials
 
@@ -171,7 +179,7 @@ def test_the_hybrid_profile_offers_the_grounded_qa_prompt():
     assert failed.is_error and failed.content[0].text.endswith("The query is empty")
 
 
-def test_synthesis_manages_collections_by_uuid_and_searches_with_min_similarity():
+def test_synthesis_manages_collections_by_uuid():
     created = json.loads(call_text(SYNTHESIS, "create_collection", {"name": "handbook", "description": "HR"}))
     collection_id = created["collection"]["id"]
     assert created["collection"] == {"id": collection_id, "name": "handbook", "description": "HR",
@@ -180,14 +188,25 @@ def test_synthesis_manages_collections_by_uuid_and_searches_with_min_similarity(
     listed = json.loads(call_text(SYNTHESIS, "list_collections"))
     assert [c["id"] for c in listed["collections"]] == [collection_id]
 
-    document_create_from_text(collection=Collection.objects.get(uuid=collection_id), source_uri="hr.txt", text=LEAVE)
-    document_create_from_text(
-        collection=Collection.objects.get(uuid=collection_id), source_uri="tax.txt", text="Quarterly VAT returns."
-    )
+
+@pytest.fixture
+def handbook() -> str:
+    """An embedded collection of two documents, one on annual leave; the collection's uuid."""
+    collection = collection_create(name="handbook", description="HR")
+    document_create_from_text(collection=collection, source_uri="hr.txt", text=LEAVE)
+    document_create_from_text(collection=collection, source_uri="tax.txt", text="Quarterly VAT returns.")
     embed_pending()
+    return str(collection.uuid)
+
+
+def test_synthesis_lists_a_collection_s_documents(handbook):
+    collection_id = handbook
     documents = json.loads(call_text(SYNTHESIS, "list_documents", {"collection_id": collection_id}))["documents"]
     assert sorted(d["source_url"] for d in documents) == ["hr.txt", "tax.txt"]
 
+
+def test_synthesis_searches_with_min_similarity(handbook):
+    collection_id = handbook
     found = json.loads(call_text(SYNTHESIS, "search_rag", {"collectionId": collection_id, "query": "annual leave"}))
     assert [r["source_url"] for r in found["results"]] == ["hr.txt"]  # min_similarity 0.5 by default
     assert found["results"][0]["similarity"] >= 0.5
@@ -195,6 +214,9 @@ def test_synthesis_manages_collections_by_uuid_and_searches_with_min_similarity(
     everything = {"collectionId": collection_id, "query": "annual leave", "min_similarity": 0.0, "top_k": 50}
     assert len(json.loads(call_text(SYNTHESIS, "search_rag", everything))["results"]) == 2
 
+
+def test_synthesis_refuses_bad_search_arguments(handbook):
+    collection_id = handbook
     for arguments in ({"collectionId": "handbook", "query": "x"}, {"collectionId": collection_id, "query": ""},
                       {"collectionId": collection_id, "query": "x", "top_k": 51},
                       {"collectionId": collection_id, "query": "x", "min_similarity": 1.5},
@@ -234,23 +256,33 @@ def test_synthesis_fetches_a_document_from_a_url(settings):
     assert not_http.is_error and "Not an http(s) URL" in not_http.content[0].text
 
 
-def test_ragmcpserver_injects_text_and_answers_queries_with_the_top_five():
+def inject_leave_and_notes() -> str:
+    """Inject the annual-leave text, then six short notes; what the first injection answered."""
     first = call_text(RAGMCPSERVER, "Inject", {"text": LEAVE, "metadata": '{"source": "handbook.md"}'})
-    assert first.startswith("Injected document ") and first.endswith(f"(1 chunks, created). {STILL_EMBEDDING}")
-    assert "(1 chunks, unchanged)." in call_text(RAGMCPSERVER, "Inject", {"text": LEAVE})
     for n in range(6):
         call_text(
             RAGMCPSERVER, "Inject", {"text": f"Note {n}: the cafeteria opens at {n + 7} o'clock.", "metadata": {"n": n}}
         )
+    return first
+
+
+def test_ragmcpserver_injects_text():
+    first = inject_leave_and_notes()
+    assert first.startswith("Injected document ") and first.endswith(f"(1 chunks, created). {STILL_EMBEDDING}")
+    assert "(1 chunks, unchanged)." in call_text(RAGMCPSERVER, "Inject", {"text": LEAVE})
     document = Document.objects.get(source_uri__startswith="inject://", raw_content=LEAVE)
     assert (document.collection.name, document.metadata["source"]) == ("RagMcpServer", "handbook.md")
+    assert call(RAGMCPSERVER, "Inject", {"text": "  "}).is_error
+
+
+def test_ragmcpserver_answers_queries_with_the_top_five():
+    inject_leave_and_notes()
     embed_pending()
 
     answer = call_text(RAGMCPSERVER, "Query", {"query": "How many days of annual leave do I get?"})
     passages = answer.split("\n\n---\n\n")
     assert len(passages) == 5
     assert passages[0].startswith("[1] inject://") and passages[0].endswith(LEAVE)
-    assert call(RAGMCPSERVER, "Inject", {"text": "  "}).is_error
 
 
 def test_profiles_apply_the_callers_access():
@@ -275,7 +307,7 @@ def test_synthesis_deletes_only_with_the_boolean_true(confirm):
     assert Document.objects.filter(pk=document.pk).exists()
 
 
-def test_synthesis_coerces_no_types_and_attaches_each_input_schema():
+def test_synthesis_coerces_no_types():
     collection = collection_create(name="typed")
     for arguments in ({"top_k": "5"}, {"min_similarity": "0.5"}, {"top_k": 2.5}):
         result = call(SYNTHESIS, "search_rag", {"collectionId": str(collection.uuid), "query": "x", **arguments})
@@ -285,6 +317,9 @@ def test_synthesis_coerces_no_types_and_attaches_each_input_schema():
     ).is_error
     unknown = call(SYNTHESIS, "search_rag", {"collectionId": str(collection.uuid), "query": "x", "topK": 3})
     assert unknown.is_error and "topK" in unknown.content[0].text  # zod's .strict(): no unknown keys
+
+
+def test_synthesis_attaches_each_input_schema():
     tools = tools_of(SYNTHESIS)
     assert all(tool.meta["jsonSchema"] == tool.input_schema for tool in tools.values())
     schema = tools["search_rag"].meta["jsonSchema"]

@@ -23,7 +23,7 @@ async def with_session(parameters: StdioServerParameters, action):
         return await action(session)
 
 
-def test_an_agent_lists_and_calls_tools_over_stdio(tmp_path):
+def test_an_agent_works_with_the_tools_over_stdio(tmp_path):
     (tmp_path / "guide.md").write_text("# Guide\n\nThe turbine blades are inspected every spring.\n")
 
     async def session_work(session):
@@ -41,14 +41,18 @@ def test_an_agent_lists_and_calls_tools_over_stdio(tmp_path):
     assert Document.objects.get(pk=ingested["doc_id"]).title == "Guide"
 
 
-def test_the_profile_and_read_only_mode_are_chosen_on_the_command_line():
-    async def names(session):
-        return sorted(tool.name for tool in (await session.list_tools()).tools)
+async def tool_names(session) -> list[str]:
+    return sorted(tool.name for tool in (await session.list_tools()).tools)
 
-    assert anyio.run(with_session, stdio_server("--profile", "scirag"), names) == [
+
+def test_the_profile_is_chosen_on_the_command_line():
+    assert anyio.run(with_session, stdio_server("--profile", "scirag"), tool_names) == [
         "list_collections", "retrieve_document_chunks", "store_document_chunks"
     ]  # fmt: skip
-    assert anyio.run(with_session, stdio_server("--profile", "ragmcpserver", "--read-only"), names) == ["Query"]
+
+
+def test_read_only_mode_is_chosen_on_the_command_line():
+    assert anyio.run(with_session, stdio_server("--profile", "ragmcpserver", "--read-only"), tool_names) == ["Query"]
 
 
 def test_stdout_carries_nothing_but_protocol_messages():

@@ -71,7 +71,7 @@ async def a_whole_session(session, collection: str, embedding: Callable[[], Awai
     return found
 
 
-def test_an_sse_client_ingests_waits_for_the_worker_searches_and_deletes(server_url, embedder_env, tmp_path):
+def test_an_sse_client_works_through_a_whole_session_with_a_worker(server_url, embedder_env, tmp_path):
     worker = start_worker(tmp_path, extra_env=embedder_env, name="mcp-worker")
     try:
 
@@ -84,7 +84,7 @@ def test_an_sse_client_ingests_waits_for_the_worker_searches_and_deletes(server_
         worker.stop()
 
 
-def test_a_streamable_http_client_ingests_searches_and_deletes(server_url):
+def test_a_streamable_http_client_works_through_a_whole_session(server_url):
     async def run() -> None:
         async with http_session(f"{server_url}/mcp") as session:
             await a_whole_session(session, "over-http", embed_in_thread)
@@ -173,11 +173,17 @@ def refused_status(error: BaseException) -> int | None:
     return response.status_code if response is not None else None
 
 
-def test_an_allowed_origin_gets_through_and_the_sdk_client_is_refused_a_wrong_one(server_url):
-    async def run() -> int | None:
+def test_an_allowed_origin_gets_through(server_url):
+    async def run() -> None:
         own_page = {"Origin": server_url}  # a page of this server (same host and port)
         async with http_session(f"{server_url}/mcp", headers=own_page) as session:
             assert (await session.list_tools()).tools
+
+    anyio.run(run)
+
+
+def test_the_sdk_client_is_refused_a_wrong_origin(server_url):
+    async def run() -> int | None:
         try:
             # Another program's page on another local port (e.g. the MCP Inspector's) is another
             # site unless DJANGO_CSRF_TRUSTED_ORIGINS names it.

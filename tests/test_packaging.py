@@ -23,11 +23,19 @@ def pins(requirements: list[str]) -> dict[str, str]:
     return {name.lower().replace("_", "-"): version for name, version in pairs}
 
 
-def test_the_runtime_lock_holds_the_pinned_dependencies_with_hashes_and_nothing_for_tests_or_torch():
+def test_the_runtime_lock_holds_the_pinned_dependencies():
     runtime = locked("requirements.txt")
     for name, version in pins(PYPROJECT["project"]["dependencies"]).items():
         assert runtime.get(name) == version, name
+
+
+def test_the_runtime_lock_holds_nothing_for_tests_or_torch():
+    runtime = locked("requirements.txt")
+    assert runtime
     assert not (set(runtime) & (DEV_ONLY | {"torch", "sentence-transformers", "transformers"}))
+
+
+def test_the_runtime_lock_pins_every_dependency_with_hashes():
     entries = re.split(r"\n(?=\S)", (ROOT / "requirements.txt").read_text().strip())
     assert all("--hash=sha256:" in entry for entry in entries if "==" in entry)
 
@@ -44,14 +52,27 @@ def test_the_kb_command_wraps_existing_management_commands():
     assert set(COMMANDS.values()) <= set(get_commands())
 
 
-def test_the_image_holds_the_runtime_only_and_runs_unprivileged_with_a_health_check():
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    base = re.search(r"^FROM (\S+)", dockerfile, re.M).group(1)
+def dockerfile() -> str:
+    return (ROOT / "Dockerfile").read_text()
+
+
+def test_the_image_is_built_on_a_pinned_release():
+    base = re.search(r"^FROM (\S+)", dockerfile(), re.M).group(1)
     assert re.search(r":\d+\.\d+\.\d+", base), base  # a pinned release, not a moving tag
-    assert "requirements.txt" in dockerfile and "requirements-dev" not in dockerfile and "torch" not in dockerfile
-    user = re.findall(r"^USER (\S+)", dockerfile, re.M)
+
+
+def test_the_image_holds_the_runtime_only():
+    text = dockerfile()
+    assert "requirements.txt" in text and "requirements-dev" not in text and "torch" not in text
+
+
+def test_the_image_runs_unprivileged():
+    user = re.findall(r"^USER (\S+)", dockerfile(), re.M)
     assert user and user[-1] not in ("root", "0")
-    assert re.search(r"^HEALTHCHECK .*", dockerfile, re.M)
+
+
+def test_the_image_has_a_health_check():
+    assert re.search(r"^HEALTHCHECK .*", dockerfile(), re.M)
 
 
 def test_compose_pins_every_image():

@@ -11,14 +11,13 @@ from kb.api.schemas import (
     CollectionCreateIn,
     CollectionDeletedOut,
     CollectionDeleteQuery,
-    CollectionListOut,
     CollectionName,
     CollectionOut,
     CollectionUpdateIn,
 )
 from kb.errors import ErrorCode
 from kb.models import TokenScope
-from kb.selectors.collections import collection_get_with_totals, collection_list
+from kb.selectors.collections import CollectionListing, collection_get_with_totals, collection_list
 from kb.services.collections import collection_create, collection_delete, collection_update
 from kb.services.model_switch import collection_reembed_cancel, collection_reembed_retry
 
@@ -26,11 +25,11 @@ router = Router(tags=["collections"])
 NOT_FOUND = ErrorCode.COLLECTION_NOT_FOUND
 
 
-@router.get("", response=with_errors({200: CollectionListOut}), summary="List the collections you can see")
-def list_collections(request: HttpRequest) -> CollectionListOut:
+@router.get("", response=with_errors({200: CollectionListing}), summary="List the collections you can see")
+def list_collections(request: HttpRequest) -> CollectionListing:
     access = access_of(request)
     access.require(TokenScope.READ)
-    return CollectionListOut.of([c for c in collection_list() if access.can_see(c.name)])
+    return CollectionListing.of([c for c in collection_list() if access.can_see(c.name)])
 
 
 @router.post(

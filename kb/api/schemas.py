@@ -29,7 +29,7 @@ from kb.models import (
     ProviderName,
 )
 from kb.search import MAX_CANDIDATE_DEPTH, Mode
-from kb.selectors.collections import ReembedState, collection_reembedding
+from kb.selectors.collections import EmbeddingModelInfo, ReembedState, collection_reembedding
 from kb.selectors.documents import DEFAULT_PAGE_SIZE, MAX_NEIGHBORS, MAX_OFFSET, MAX_PAGE_SIZE
 from kb.selectors.health import HealthStatus
 from kb.services.documents import StoredDocument
@@ -74,12 +74,6 @@ class ErrorOut(Schema):
 # --- collections ------------------------------------------------------------------------------
 
 
-class EmbeddingModelOut(Schema):
-    provider: str
-    name: str
-    dimensions: int | None
-
-
 class ChunkingSettings(Schema):
     max_tokens: int
     min_tokens: int
@@ -105,39 +99,6 @@ class DocumentTotals(Schema):
     failed: int
 
 
-class CollectionSummaryOut(Schema):
-    name: str
-    description: str
-    uuid: str
-    documents: int
-    chunks: int
-    embedding_model: EmbeddingModelOut
-    created_at: datetime
-    updated_at: datetime
-
-    @classmethod
-    def of(cls, collection: Collection) -> "CollectionSummaryOut":
-        return cls(
-            name=collection.name,
-            description=collection.description,
-            uuid=str(collection.uuid),
-            documents=collection.document_total,
-            chunks=collection.chunk_total,
-            embedding_model=EmbeddingModelOut.model_validate(collection.embedding_model),
-            created_at=collection.created_at,
-            updated_at=collection.updated_at,
-        )
-
-
-class CollectionListOut(Schema):
-    collections: list[CollectionSummaryOut]
-    total: int
-
-    @classmethod
-    def of(cls, collections: Sequence[Collection]) -> "CollectionListOut":
-        return cls(collections=[CollectionSummaryOut.of(c) for c in collections], total=len(collections))
-
-
 class ReembeddingOut(Schema):
     model: str = Field(description="The model the collection is being re-embedded with")
     done: int = Field(description="Chunks that have a vector of it")
@@ -154,8 +115,8 @@ class CollectionOut(Schema):
     name: str
     description: str
     uuid: str
-    embedding_model: EmbeddingModelOut
-    next_embedding_model: EmbeddingModelOut | None = Field(
+    embedding_model: EmbeddingModelInfo
+    next_embedding_model: EmbeddingModelInfo | None = Field(
         description="Set while the collection is re-embedded with another model; search switches when it is done"
     )
     reembedding: ReembeddingOut | None = Field(description="Progress of a model switch, and why it stopped if it did")
@@ -174,8 +135,8 @@ class CollectionOut(Schema):
             name=collection.name,
             description=collection.description,
             uuid=str(collection.uuid),
-            embedding_model=EmbeddingModelOut.model_validate(collection.embedding_model),
-            next_embedding_model=EmbeddingModelOut.model_validate(following) if following else None,
+            embedding_model=EmbeddingModelInfo.model_validate(collection.embedding_model),
+            next_embedding_model=EmbeddingModelInfo.model_validate(following) if following else None,
             settings=CollectionSettings(
                 chunking=ChunkingSettings(
                     max_tokens=collection.chunk_max_tokens,

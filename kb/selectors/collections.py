@@ -1,11 +1,14 @@
 """Collections: one by name or UUID, the list with its totals, a model switch under way."""
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
+from pydantic import BaseModel, ConfigDict
 
 from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, DocumentStatus, Embedding
@@ -90,3 +93,49 @@ def collection_get_with_totals(*, name: str) -> Collection:
     if collection is None:
         raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {name}")
     return collection
+
+
+# --- the listing's shape ---------------------------------------------------------------------
+
+
+class EmbeddingModelInfo(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    provider: str
+    name: str
+    dimensions: int | None
+
+
+class CollectionSummary(BaseModel):
+    """A collection in a listing: REST ``GET /api/collections`` and ``kb_collections list --json``."""
+
+    name: str
+    description: str
+    uuid: str
+    documents: int
+    chunks: int
+    embedding_model: EmbeddingModelInfo
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, collection: Collection) -> "CollectionSummary":
+        return cls(
+            name=collection.name,
+            description=collection.description,
+            uuid=str(collection.uuid),
+            documents=collection.document_total,
+            chunks=collection.chunk_total,
+            embedding_model=EmbeddingModelInfo.model_validate(collection.embedding_model),
+            created_at=collection.created_at,
+            updated_at=collection.updated_at,
+        )
+
+
+class CollectionListing(BaseModel):
+    collections: list[CollectionSummary]
+    total: int
+
+    @classmethod
+    def of(cls, collections: Sequence[Collection]) -> "CollectionListing":
+        return cls(collections=[CollectionSummary.of(c) for c in collections], total=len(collections))

@@ -197,5 +197,6 @@ def document_reembed(*, doc_id: str) -> Document:
     with transaction.atomic():
         document = document_lock(doc_id=doc_id)
         Embedding.objects.filter(chunk__document=document, model_id=document.collection.embedding_model_id).delete()
-        Document.objects.filter(pk=document.pk).update(embedded_count=0)
+        document.embedded_count = 0
+        document.save(update_fields=["embedded_count"])
         return document_requeue_locked(document)

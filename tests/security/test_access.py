@@ -114,7 +114,7 @@ def test_it_takes_json_bodies_only_as_application_json(client):
     assert counts() == before
 
 
-def test_the_operators_own_page_and_scripts_still_write(client, server_url):
+def test_the_operators_own_page_or_scripts_still_write(client, server_url):
     collection_create(name="t4")
     same_origin = client.post(
         "/api/collections/t4/documents", json={"uri": "data:text/plain,kept"}, headers={"Origin": server_url}
@@ -254,7 +254,7 @@ def test_limited_tokens_survive_a_restart_of_the_rule():
 # --- values JSON should not carry, sent over the wire ----------------------------------------------
 
 
-def test_nan_and_infinity_sent_as_json_text_are_refused_over_mcp_as_over_rest(client):
+def test_non_finite_numbers_sent_as_json_text_are_refused_over_mcp_as_over_rest(client):
     collection_create(name="wire")
     before = counts()
     accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}

@@ -119,7 +119,7 @@ TEREDO_CLIENT_192_168_1_1 = "3f57:fefe"
         f"2001:0:{TEREDO_SERVER}:8000:63bf:{TEREDO_CLIENT_8_8_8_8}",
     ],
 )
-def test_public_addresses_and_public_embedded_ipv4_are_allowed(address):
+def test_a_public_address_is_allowed_however_it_is_written(address):
     assert is_public_address(ipaddress.ip_address(address))
 
 
@@ -162,13 +162,24 @@ def test_a_fetch_of_an_embedded_private_address_is_refused_before_connecting(col
 
 
 @pytest.mark.timeout(20)
-def test_a_fifo_is_refused_not_waited_on_and_a_folder_walk_skips_it_with_a_reason(collection, tmp_path):
-    os.mkfifo(tmp_path / "pipe.md")
-    (tmp_path / "link.md").symlink_to(tmp_path / "pipe.md")
-    (tmp_path / "notes.md").write_text("# Notes\n\nRegular files are read.\n")
+def fifo_folder(folder: Path) -> None:
+    """A FIFO, a link to it and a regular file."""
+    os.mkfifo(folder / "pipe.md")
+    (folder / "link.md").symlink_to(folder / "pipe.md")
+    (folder / "notes.md").write_text("# Notes\n\nRegular files are read.\n")
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_is_refused_not_waited_on(collection, tmp_path):
+    fifo_folder(tmp_path)
     for name in ("pipe.md", "link.md"):
         error = refused(collection, (tmp_path / name).as_uri(), ErrorCode.LOAD_FAILED, roots=[tmp_path])
         assert "not a regular file" in error.message
+
+
+@pytest.mark.timeout(20)
+def test_a_folder_walk_skips_a_fifo_with_a_reason(collection, tmp_path):
+    fifo_folder(tmp_path)
     report = ingest(collection, tmp_path.as_uri(), [tmp_path])
     outcomes = {Path(item.source_uri).name: item for item in report.items}
     assert outcomes["notes.md"].outcome == "created"
@@ -203,7 +214,7 @@ def test_devices_are_refused(collection):
 
 
 @pytest.mark.timeout(20)
-def test_outside_the_roots_existing_and_missing_paths_get_the_same_answer(collection, tmp_path):
+def test_outside_the_roots_a_path_gets_the_same_answer_whether_it_exists_or_not(collection, tmp_path):
     root, outside = tmp_path / "root", tmp_path / "outside"
     root.mkdir()
     outside.mkdir()
@@ -246,7 +257,7 @@ def test_the_stdio_server_has_no_file_roots_unless_given(settings):
 
 @committed_db
 @pytest.mark.usefixtures("tool_threads")
-def test_the_stdio_server_refuses_file_uris_without_roots_and_reads_them_with_file_root(tmp_path):
+def test_the_stdio_server_reads_file_uris_only_under_a_file_root(tmp_path):
     (tmp_path / "guide.md").write_text("# Guide\n\nThe turbine blades are inspected every spring.\n")
     uri = (tmp_path / "guide.md").as_uri()
     env = {key: value for key, value in child_env().items() if key != "KB_FILE_ROOTS"}

@@ -2,10 +2,9 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from kb.api.schemas import CollectionListOut
 from kb.management.base import KBCommand
 from kb.models import EmbeddingProvider
-from kb.selectors.collections import collection_list
+from kb.selectors.collections import CollectionListing, collection_list
 from kb.services.collections import collection_create, collection_delete
 
 
@@ -39,7 +38,7 @@ class Command(KBCommand):
     def _list(self, json: bool, **options: Any) -> None:
         collections = list(collection_list())
         if json:
-            self.write_json(CollectionListOut.of(collections))
+            self.write_json(CollectionListing.of(collections))
             return
         rows = [
             (c.name, c.document_total, c.ready_total, c.pending_total + c.processing_total, c.failed_total,
