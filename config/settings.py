@@ -94,13 +94,19 @@ DATABASE_URL = env_optional_str("DATABASE_URL")
 KB_PGDATA = env_path("KB_PGDATA", VAR_DIR / "pgdata", base=BASE_DIR)
 CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 
-if DATABASE_URL:
+
+def _postgres_url(name: str, url: str) -> dict:
     try:
-        _database = dj_database_url.parse(DATABASE_URL, conn_max_age=CONN_MAX_AGE, conn_health_checks=True)
+        database = dj_database_url.parse(url, conn_max_age=CONN_MAX_AGE, conn_health_checks=True)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
-    if _database["ENGINE"] != "django.db.backends.postgresql":
-        raise ImproperlyConfigured("DATABASE_URL must point to PostgreSQL (with the pgvector extension)")
+        raise ImproperlyConfigured(f"{name} is not a database URL: {exc}") from None
+    if database["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured(f"{name} must point to PostgreSQL (with the pgvector extension)")
+    return database
+
+
+if DATABASE_URL:
+    _database = _postgres_url("DATABASE_URL", DATABASE_URL)
 else:
     _database = {
         "ENGINE": "config.embedded_postgres",
@@ -110,6 +116,16 @@ else:
         "CONN_HEALTH_CHECKS": True,
     }
 DATABASES = {"default": _database}
+# Streaming replicas of the primary that search and the read-only selectors read from (kb.replicas).
+# A replica that has not replayed the primary's latest writes within KB_REPLICA_MAX_WAIT_MS is
+# passed over, so a caller always finds what was written before its read began.
+for _number, _url in enumerate(env_list("DATABASE_REPLICA_URLS"), start=1):
+    _replica = _postgres_url("DATABASE_REPLICA_URLS", _url)
+    _replica["OPTIONS"] = {"connect_timeout": 2, **_replica.get("OPTIONS", {})}
+    _replica["TEST"] = {"MIRROR": "default"}  # the test database reaches it by replication
+    DATABASES[f"replica_{_number}"] = _replica
+DATABASE_ROUTERS = ["kb.replicas.ReplicaRouter"]
+KB_REPLICA_MAX_WAIT_MS = env_int("KB_REPLICA_MAX_WAIT_MS", 50, minimum=0)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -7,6 +7,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from kb import search as search_module
+from kb.search import bm25, fusion, service, vectors
 from kb.errors import ErrorCode, KBError
 from kb.search import search
 from kb.services.collections import collection_create, collection_update
@@ -85,7 +86,7 @@ def test_keyword_search_is_exact_bm25_even_when_pruned(db, monkeypatch, budget):
     for n in range(60):
         text = " ".join(words[(n * 7 + i * 3) % len(words)] for i in range(5 + n % 9)) + f" item{n}."
         document_create_from_text(collection=collection, source_uri=f"note://{n}", text=text)
-    monkeypatch.setattr(search_module, "POSTINGS_BUDGET", budget)  # 1: every common term is pruned first
+    monkeypatch.setattr(bm25, "POSTINGS_BUDGET", budget)  # 1: every common term is pruned first
     query = "wing drag drag shock vortex speed"
     expected = sorted(reference_bm25(query, collection.pk).items(), key=lambda item: (-item[1], item[0]))[:10]
     response = search(query=query, collections=["many"], mode="keyword", top_k=10)
@@ -195,13 +196,13 @@ def test_rrf_fusion_ranks_by_the_rrf_value(corpus):
 def test_hybrid_looking_up_only_candidates_that_can_reach_the_top_ranks_as_if_it_looked_up_all(
     corpus, monkeypatch, top_k
 ):
-    monkeypatch.setattr(search_module, "MIN_CANDIDATE_DEPTH", 3)  # full lists: the bounds are used
+    monkeypatch.setattr(service, "MIN_CANDIDATE_DEPTH", 3)  # full lists: the bounds are used
     queries = ["shock wave temperature of the flow", "boundary layer", "baking bread in an oven", "flutter speed"]
     pruned = {q: search(query=q, collections=["aero"], top_k=top_k).results for q in queries}
-    everything = search_module._contenders
+    everything = service.contenders
     monkeypatch.setattr(
-        search_module,
-        "_contenders",
+        service,
+        "contenders",
         lambda ids, kw, vec, *rest: everything(ids, kw, vec, *rest[:1], len(ids), *rest[2:]),
     )
     for query in queries:
@@ -212,11 +213,11 @@ def test_hybrid_looking_up_only_candidates_that_can_reach_the_top_ranks_as_if_it
 
 @pytest.mark.parametrize(("top_k", "looked_up"), [(1, [4]), (2, [4, 2])])
 def test_a_candidate_is_looked_up_when_its_missing_half_could_still_lift_it_into_the_top(top_k, looked_up):
-    relevance = search_module._Relevance(full_match=1.0, weight=0.5)
+    relevance = fusion.Relevance(full_match=1.0, weight=0.5)
     keyword_hits = [(1, 0.9), (2, 0.8), (3, 0.7)]  # a full list (depth 3): a missing chunk has BM25 <= 0.7
     vector_hits = {4: (1, 0.9), 1: (2, 0.2), 5: (3, 0.1)}  # and cosine <= 0.1
     # Known so far: 1 scores 0.55 (both halves); 4 at least 0.45 and at most 0.8; 2 0.4..0.45; 3 and 5 below.
-    found = search_module._contenders([1, 4, 2, 3, 5], keyword_hits, vector_hits, relevance, top_k, 3, True)
+    found = fusion.contenders([1, 4, 2, 3, 5], keyword_hits, vector_hits, relevance, top_k, 3, True)
     assert found == looked_up
 
 
@@ -323,7 +324,7 @@ def test_filtered_vector_search_still_fills_top_k_through_the_index(corpus, monk
             content_type=kind,
         )
         embed_now(stored.document.pk)
-    monkeypatch.setattr(search_module, "EXACT_SCAN_LIMIT", 0)  # force the HNSW iterative scan path
+    monkeypatch.setattr(vectors, "EXACT_SCAN_LIMIT", 0)  # force the HNSW iterative scan path
     response = search(query="wind tunnel", collections=["aero"], mode="semantic", top_k=10, content_types=["markdown"])
     assert len(response.results) == 10
     assert {result.content_type for result in response.results} == {"markdown"}

@@ -1,0 +1,153 @@
+"""Okapi BM25 over the postings the database maintains (kb/migrations/0002), with the collection
+statistics of exactly the collections searched. Exact, with MaxScore-style pruning: the rare terms
+are scored over their whole posting lists, the common ones only for the candidates, and the
+pruning is undone whenever it could change the top results.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from kb.replicas import read_connection
+from kb.search.filters import Filters
+
+# Postings read in full before the remaining (common) query terms are only looked up.
+POSTINGS_BUDGET = 20000
+
+
+def query_terms(query: str) -> dict[str, int]:
+    """Stemmed query terms with their counts (a repeated term counts repeatedly)."""
+    with read_connection().cursor() as cursor:
+        cursor.execute(
+            "SELECT lexeme, coalesce(array_length(positions, 1), 1) FROM unnest(to_tsvector('english', %s))",
+            [query],
+        )
+        return dict(cursor.fetchall())
+
+
+@dataclass(frozen=True)
+class KeywordQuery:
+    """A query's BM25 terms over the searched chunks, and its ``full_match`` scale."""
+
+    scorer: "BM25Scorer | None"
+    full_match: float
+
+    @classmethod
+    def of(cls, query: str, filters: Filters) -> "KeywordQuery":
+        """Okapi BM25 with Lucene's idf, over the statistics of exactly the collections searched."""
+        terms = query_terms(query)
+        if not terms or not filters.collection_ids:
+            return cls(scorer=None, full_match=0.0)
+        with read_connection().cursor() as cursor:
+            cursor.execute(
+                "SELECT coalesce(sum(chunk_count), 0)::float8, coalesce(sum(total_length), 0)::float8 "
+                "FROM kb_collection_stats WHERE collection_id = ANY(%s)",
+                [list(filters.collection_ids)],
+            )
+            chunk_total, length_total = cursor.fetchone()
+            if not chunk_total:
+                return cls(scorer=None, full_match=0.0)
+            cursor.execute(
+                "SELECT term, sum(df)::float8 FROM kb_term_stats "
+                "WHERE collection_id = ANY(%s) AND term = ANY(%s) GROUP BY term",
+                [list(filters.collection_ids), list(terms)],
+            )
+            frequencies = dict(cursor.fetchall())
+        idf = {
+            term: math.log(1 + (chunk_total - frequencies.get(term, 0) + 0.5) / (frequencies.get(term, 0) + 0.5))
+            for term in terms
+        }
+        # One occurrence in a chunk of average length adds weight / (1 + k1) (see BM25Scorer.score).
+        full_match = sum(count * idf[term] for term, count in terms.items()) / (1 + settings.KB_BM25_K1)
+        weights = {term: count * idf[term] for term, count in terms.items() if frequencies.get(term)}
+        scorer = BM25Scorer(filters, weights, frequencies, avgdl=length_total / chunk_total) if weights else None
+        return cls(scorer=scorer, full_match=full_match)
+
+    def top(self, depth: int) -> list[tuple[int, float]]:
+        """The ``depth`` best chunks by BM25, best first."""
+        return self.scorer.top(depth) if self.scorer else []
+
+    def scores(self, chunk_ids: list[int]) -> dict[int, float]:
+        """BM25 of just these chunks (those holding no query term are left out: their score is 0)."""
+        if not self.scorer or not chunk_ids:
+            return {}
+        return self.scorer.score(list(self.scorer.weights), chunk_ids=chunk_ids)
+
+
+@dataclass
+class BM25Scorer:
+    """Exact top-k BM25 with MaxScore-style pruning.
+
+    Terms are taken rarest first into the *essential* set until the postings read reach a
+    budget. Only chunks holding an essential term are candidates; the other terms' weights are
+    added for the best candidates by index look-ups. A chunk outside the candidates scores at
+    most the sum of the other terms' upper bounds (a term adds less than its idf weight), and a
+    candidate below the look-up cut at most its partial score plus that sum: when either could
+    reach the k-th best score, the next term becomes essential and the query runs again.
+    """
+
+    filters: Filters
+    weights: dict[str, float]
+    frequencies: dict[str, int]
+    avgdl: float
+
+    def top(self, depth: int) -> list[tuple[int, float]]:
+        ordered = sorted(self.weights, key=lambda term: self.frequencies[term])
+        essential_count = 1
+        read = self.frequencies[ordered[0]]
+        while essential_count < len(ordered) and read + self.frequencies[ordered[essential_count]] <= POSTINGS_BUDGET:
+            read += self.frequencies[ordered[essential_count]]
+            essential_count += 1
+        while True:
+            essential, rest = ordered[:essential_count], ordered[essential_count:]
+            result = self._attempt(essential, rest, depth)
+            if result is not None:
+                return result
+            essential_count += 1
+
+    def _attempt(self, essential: list[str], rest: list[str], depth: int) -> list[tuple[int, float]] | None:
+        rest_bound = sum(self.weights[term] for term in rest)
+        partial = self.score(essential, chunk_ids=None)
+        if not rest:
+            return sorted(partial.items(), key=lambda item: -item[1])[:depth]
+        ranked = sorted(partial.items(), key=lambda item: -item[1])
+        cut = max(depth * 4, 200)
+        probed, unprobed = ranked[:cut], ranked[cut:]
+        full = dict(probed)
+        for chunk_id, extra in self.score(rest, chunk_ids=[chunk_id for chunk_id, _ in probed]).items():
+            full[chunk_id] += extra
+        best = sorted(full.items(), key=lambda item: -item[1])[:depth]
+        threshold = best[-1][1] if len(best) == depth else 0.0
+        outsiders_could_win = rest_bound > threshold or (unprobed and unprobed[0][1] + rest_bound > threshold)
+        return None if outsiders_could_win else best
+
+    def score(self, terms: list[str], chunk_ids: list[int] | None) -> dict[int, float]:
+        """Sum of the BM25 contributions of ``terms`` per chunk (only ``chunk_ids`` when given)."""
+        k1, b = settings.KB_BM25_K1, settings.KB_BM25_B
+        params: list[Any] = [list(terms), [self.weights[term] for term in terms]]
+        restrict = ""
+        if chunk_ids is not None:
+            restrict = "AND p.chunk_id = ANY(%s)"
+        allowed, allowed_params = self._allowed_join()
+        sql = f"""
+            SELECT p.chunk_id, sum(q.weight * p.tf / (p.tf + %s * (1 - %s + %s * p.chunk_length / %s)))
+            FROM unnest(%s::text[], %s::float8[]) AS q(term, weight)
+            JOIN kb_posting p ON p.collection_id = ANY(%s) AND p.term = q.term {restrict}
+            {allowed}
+            GROUP BY p.chunk_id
+        """
+        params = [k1, b, b, self.avgdl, *params, list(self.filters.collection_ids)]
+        if chunk_ids is not None:
+            params.append(chunk_ids)
+        params.extend(allowed_params)
+        with read_connection().cursor() as cursor:
+            cursor.execute(sql, params)
+            return dict(cursor.fetchall())
+
+    def _allowed_join(self) -> tuple[str, list[Any]]:
+        if not self.filters.narrows_documents:
+            return "", []
+        where, params = self.filters.sql("d")
+        return f"JOIN kb_chunk c ON c.id = p.chunk_id JOIN kb_document d ON d.id = c.document_id AND {where}", params

@@ -1,0 +1,194 @@
+"""Search: BM25 keyword ranking and pgvector similarity, fused by a convex combination of their scores.
+
+One service for every front door (admin playground, API, MCP, ``kb_search``):
+
+- ``keyword``: Okapi BM25 over the postings the database maintains (kb/migrations/0002), with
+  the collection statistics of exactly the collections searched. Exact, with MaxScore-style
+  pruning: the rare terms are scored over their whole posting lists, the common ones only for
+  the candidates, and the pruning is undone whenever it could change the top results.
+- ``semantic``: cosine similarity with the HNSW index of each collection's embedding model,
+  iterative index scans so that filtered queries still fill ``top_k``; an exact scan when a
+  filter leaves few chunks.
+- ``hybrid`` (default): both lists, each ``candidate_depth`` deep; every chunk of either list
+  gets both its cosine and its BM25 and the union is ranked by ``score`` (below), a convex
+  combination of the two normalised by their theoretical ranges rather than by each query's
+  observed minimum and maximum (``fusion="convex"``). ``fusion="rrf"`` ranks by weighted
+  Reciprocal Rank Fusion instead (seed 002's contract).
+
+Every result's ``score`` is one relevance scale in [0, 1] whatever the mode, so that one threshold
+(``min_score``, or a client keeping ``score > 0.5``) means the same in each:
+``score = w * clip(cosine, 0, 1) + (1 - w) * min(1, bm25 / full_match)``, where ``full_match`` is
+the BM25 value of a chunk of average length that holds every query term once (so 1.0 = all the
+query's words are there; terms found nowhere count against it too) and ``w`` is 1 for semantic, 0
+for keyword, the semantic weight for hybrid. Under RRF order a result's score is capped by the one
+above it, so scores never rise with the rank and a threshold cuts the list at one place. The raw
+values stay: ``similarity`` (cosine), ``keyword_score`` (BM25), and in hybrid mode
+``fused_score``, the weighted RRF value ``2w/(k + vector_rank) + 2(1-w)/(k + keyword_rank)``.
+
+Filters fail closed: an unknown collection is an error, an empty list of documents matches
+nothing, an unknown operator is INVALID_ARGUMENT.
+
+``top_k``, ``mode`` and ``semantic_weight`` left out take the searched collection's own search
+settings (search_top_k; search_hybrid false means keyword; semantic_weight) when one collection is
+searched, and the server's defaults (10, hybrid, KB_SEMANTIC_WEIGHT) across several.
+"""
+
+from collections.abc import Sequence
+from typing import Any, Literal, get_args
+
+from django.conf import settings
+from django.db import transaction
+
+from kb.embedding_providers import EmbeddingError
+from kb.errors import ErrorCode, KBError
+from kb.models import DEFAULT_TOP_K, MAX_TOP_K, Collection
+from kb.replicas import replica_reads
+from kb.search.bm25 import KeywordQuery
+from kb.search.filters import (
+    MAX_FILTER_DOCUMENTS,
+    Filters,
+    checked_content_types,
+    parse_metadata_filter,
+    target_collections,
+)
+from kb.search.fusion import Relevance, contenders, fuse, monotone
+from kb.search.results import MODES, Mode, SearchResponse, best_per_document, load_results
+from kb.search.vectors import by_model, similarities_of, vector_search
+from kb.storable import check_storable
+
+Fusion = Literal["convex", "rrf"]
+FUSIONS: tuple[str, ...] = get_args(Fusion)
+MIN_CANDIDATE_DEPTH = 100
+MAX_CANDIDATE_DEPTH = 10_000
+
+
+def search(
+    *,
+    query: str,
+    collections: Sequence[str] | None = None,
+    top_k: int | None = None,
+    mode: str | None = None,
+    semantic_weight: float | None = None,
+    min_score: float | None = None,
+    min_similarity: float | None = None,
+    document_ids: Sequence[str] | None = None,
+    content_types: Sequence[str] | None = None,
+    metadata: dict[str, Any] | None = None,
+    candidate_depth: int | None = None,
+    fusion: str = "convex",
+    group_by_document: bool = False,
+) -> SearchResponse:
+    """Rank chunks for ``query`` (README, Search). With ``group_by_document``, each document's best
+    chunk stands for it and counts the document's other candidates."""
+    query = (query or "").strip()
+    if not query:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "The query is empty")
+    if len(query) > settings.KB_MAX_QUERY_CHARS:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"The query has {len(query)} characters; the limit is {settings.KB_MAX_QUERY_CHARS} (KB_MAX_QUERY_CHARS)",
+        )
+    check_storable([query, metadata, document_ids, content_types, collections], what="search")
+    validate_top_k(top_k)
+    if candidate_depth is not None and not 1 <= candidate_depth <= MAX_CANDIDATE_DEPTH:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"candidate_depth must be between 1 and {MAX_CANDIDATE_DEPTH}")
+    if fusion not in FUSIONS:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"fusion must be one of {', '.join(FUSIONS)}")
+    if mode is not None and mode not in MODES:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"mode must be one of {', '.join(MODES)}")
+    if semantic_weight is not None and not 0.0 <= semantic_weight <= 1.0:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "semantic_weight must be between 0.0 and 1.0")
+    if min_score is not None and not 0.0 <= min_score <= 1.0:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "min_score must be between 0.0 and 1.0")
+    if min_similarity is not None and not -1.0 <= min_similarity <= 1.0:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "min_similarity must be between -1.0 and 1.0")
+    if document_ids is not None and len(document_ids) > MAX_FILTER_DOCUMENTS:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"At most {MAX_FILTER_DOCUMENTS} document ids per search")
+    targets = target_collections(collections)
+    top_k, mode, weight = _settings(top_k, mode, semantic_weight, targets)
+    filters = Filters(
+        collection_ids=tuple(collection.pk for collection in targets),
+        document_ids=None if document_ids is None else tuple(str(doc) for doc in document_ids),
+        content_types=None if content_types is None else tuple(checked_content_types(content_types)),
+        metadata=tuple(parse_metadata_filter(metadata or {})),
+    )
+    deep = mode == "hybrid" or group_by_document  # fusion and grouping look past the top k
+    depth = max(candidate_depth or 0, max(MIN_CANDIDATE_DEPTH, 3 * top_k) if deep else top_k)
+    warnings: list[str] = []
+    if not targets:
+        return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=[])
+
+    with replica_reads() as alias, transaction.atomic(using=alias):  # SET LOCAL needs a transaction; one snapshot
+        keyword = KeywordQuery.of(query, filters) if mode in ("keyword", "hybrid") and weight < 1.0 else None
+        keyword_hits = keyword.top(depth) if keyword else []
+        vector_hits: dict[int, tuple[int, float]] = {}
+        if mode in ("semantic", "hybrid") and weight > 0.0:
+            try:
+                vector_hits = vector_search(query, targets, filters, depth)
+            except EmbeddingError as error:
+                if mode == "semantic":
+                    raise
+                warnings.append(f"Semantic search unavailable, keyword results only: {error.message}")
+        fused = fuse(keyword_hits, vector_hits, weight, mode)
+        chunk_ids = [chunk_id for chunk_id, _ in fused]
+        # No vector list at all (provider down, nothing embedded yet): the score is keyword relevance.
+        relevance = Relevance(keyword.full_match if keyword else 0.0, weight if vector_hits else 0.0)
+        if min_similarity is not None or group_by_document:
+            completed = chunk_ids
+        elif mode == "hybrid" and fusion == "convex":
+            one_model = len(by_model(targets)) == 1
+            completed = contenders(chunk_ids, keyword_hits, vector_hits, relevance, top_k, depth, one_model)
+        else:  # RRF needs both scores only for what it shows
+            completed = chunk_ids[:top_k]
+        similarities = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
+        if min_similarity is not None or (mode == "hybrid" and vector_hits):
+            # Chunks found only by keyword get their similarity too (the query is embedded already).
+            similarities.update(similarities_of(query, targets, [c for c in completed if c not in similarities]))
+        keyword_scores = dict(keyword_hits)
+        if keyword and mode == "hybrid":  # found by meaning only: their BM25 counts towards the score
+            keyword_scores.update(keyword.scores([c for c in completed if c not in keyword_scores]))
+        scores = {c: relevance.of(similarities.get(c), keyword_scores.get(c, 0.0)) for c in chunk_ids}
+        if mode == "hybrid" and fusion == "convex":
+            # Ties (full keyword matches, where the keyword part is capped at 1) keep their RRF order.
+            rrf = dict(fused)
+            chunk_ids.sort(key=lambda chunk_id: (-scores[chunk_id], -rrf[chunk_id], chunk_id))
+        candidates = [
+            chunk_id
+            for chunk_id in chunk_ids
+            if min_similarity is None
+            or (similarities.get(chunk_id) is not None and similarities[chunk_id] >= min_similarity)
+        ]
+        document_hits = best_per_document(candidates) if group_by_document else None
+        if document_hits is not None:
+            candidates = list(document_hits)
+        fused_values = dict(fused)
+        selected = [
+            (chunk_id, fused_values[chunk_id], score)
+            for chunk_id, score in monotone(candidates[:top_k], scores)
+            if min_score is None or score >= min_score
+        ]
+        results = load_results(selected, mode, keyword_scores, keyword_hits, vector_hits, similarities, document_hits)
+    return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=results, warnings=warnings)
+
+
+def validate_top_k(top_k: int | None, *, name: str = "top_k") -> None:
+    if top_k is not None and not 1 <= top_k <= MAX_TOP_K:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"{name} must be between 1 and {MAX_TOP_K}")
+
+
+def _settings(
+    top_k: int | None, mode: str | None, weight: float | None, targets: list[Collection]
+) -> tuple[int, Mode, float]:
+    """What the caller left out: the collection's own choice when one is searched, else the server's."""
+    own = targets[0] if len(targets) == 1 else None
+    if top_k is None:
+        top_k = own.search_top_k if own else DEFAULT_TOP_K
+    if mode is None:
+        mode = "keyword" if own and not own.search_hybrid else "hybrid"
+    if mode == "keyword":
+        weight = 0.0
+    elif mode == "semantic":
+        weight = 1.0
+    elif weight is None:
+        weight = own.semantic_weight if own and own.semantic_weight is not None else settings.KB_SEMANTIC_WEIGHT
+    return top_k, mode, weight

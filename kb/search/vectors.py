@@ -1,0 +1,142 @@
+"""Cosine similarity with the HNSW index of each collection's embedding model: iterative index
+scans so that filtered queries still fill the list, an exact scan when a filter leaves few chunks.
+One query vector per model, cached (``query_embeddings``).
+"""
+
+import threading
+from collections import OrderedDict
+
+from django.conf import settings
+from pgvector import Vector
+
+from kb.embedding_providers import EmbeddingError, embed_texts
+from kb.models import Collection, EmbeddingModel
+from kb.replicas import read_connection
+from kb.search.filters import Filters
+from kb.vector_index import vector_expression
+
+# Below this many chunks left by a filter, an exact vector scan beats walking the HNSW graph.
+EXACT_SCAN_LIMIT = 5000
+
+
+class QueryEmbeddingCache:
+    """LRU of query vectors per (provider, model, query): repeated queries are not re-embedded."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str, str], list[float]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def vector(self, model: EmbeddingModel, query: str) -> list[float]:
+        key = (model.provider, model.name, query)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return self._items[key]
+        vector = embed_texts(model.provider, model.name, [query])[0]
+        with self._lock:
+            self.misses += 1
+            self._items[key] = vector
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return vector
+
+
+query_embeddings = QueryEmbeddingCache(settings.KB_QUERY_CACHE_SIZE)
+
+
+def by_model(targets: list[Collection]) -> dict[int, tuple[EmbeddingModel, list[int]]]:
+    groups: dict[int, tuple[EmbeddingModel, list[int]]] = {}
+    for collection in targets:
+        model = collection.embedding_model
+        groups.setdefault(model.pk, (model, []))[1].append(collection.pk)
+    return groups
+
+
+def vector_search(query: str, targets: list[Collection], filters: Filters, depth: int) -> dict[int, tuple[int, float]]:
+    """chunk id -> (rank within its model's list, cosine similarity). One query vector per model."""
+    hits: dict[int, tuple[int, float]] = {}
+    for model, collection_ids in by_model(targets).values():
+        if not model.dimensions:
+            continue  # nothing embedded with this model yet
+        vector = query_embeddings.vector(model, query)
+        scoped = filters.within(collection_ids)
+        for rank, (chunk_id, similarity) in enumerate(_nearest(model, vector, scoped, depth), start=1):
+            hits[chunk_id] = (rank, similarity)
+    return hits
+
+
+def _nearest(model: EmbeddingModel, vector: list[float], filters: Filters, depth: int) -> list[tuple[int, float]]:
+    expression = vector_expression(model, alias="e")
+    query_vector = Vector(vector).to_text()
+    with read_connection().cursor() as cursor:
+        if filters.narrows_documents:
+            where, params = filters.sql("d")
+            cursor.execute(
+                f"SELECT count(*) FROM (SELECT 1 FROM kb_chunk c JOIN kb_document d ON d.id = c.document_id "
+                f"WHERE c.collection_id = ANY(%s) AND {where} LIMIT {EXACT_SCAN_LIMIT + 1}) AS allowed",
+                [list(filters.collection_ids), *params],
+            )
+            if cursor.fetchone()[0] <= EXACT_SCAN_LIMIT:
+                return _exact_nearest(cursor, model, expression, query_vector, filters, depth)
+        document_join, document_params = "", []
+        if filters.narrows_documents:
+            where, document_params = filters.sql("d")
+            document_join = (
+                f"JOIN kb_chunk c ON c.id = e.chunk_id JOIN kb_document d ON d.id = c.document_id AND {where}"
+            )
+        cursor.execute(f"SET LOCAL hnsw.ef_search = {max(settings.KB_HNSW_EF_SEARCH, depth)}")
+        cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+        # relaxed_order may return neighbours slightly out of order: sort again outside.
+        cursor.execute(
+            f"""
+            WITH nearest AS MATERIALIZED (
+                SELECT e.chunk_id, {expression} <=> %s::vector({model.dimensions}) AS distance
+                FROM kb_embedding e {document_join}
+                WHERE e.model_id = %s AND e.collection_id = ANY(%s)
+                ORDER BY distance LIMIT %s
+            )
+            SELECT chunk_id, 1 - distance FROM nearest ORDER BY distance
+            """,
+            [query_vector, *document_params, model.pk, list(filters.collection_ids), depth],
+        )
+        return cursor.fetchall()
+
+
+def _exact_nearest(cursor, model, expression, query_vector, filters, depth) -> list[tuple[int, float]]:  # noqa: ANN001
+    where, params = filters.sql("d")
+    cursor.execute(
+        f"""
+        SELECT e.chunk_id, 1 - ({expression} <=> %s::vector({model.dimensions})) AS similarity
+        FROM kb_embedding e JOIN kb_chunk c ON c.id = e.chunk_id JOIN kb_document d ON d.id = c.document_id
+        WHERE e.model_id = %s AND e.collection_id = ANY(%s) AND {where}
+        ORDER BY similarity DESC LIMIT %s
+        """,
+        [query_vector, model.pk, list(filters.collection_ids), *params, depth],
+    )
+    return cursor.fetchall()
+
+
+def similarities_of(query: str, targets: list[Collection], chunk_ids: list[int]) -> dict[int, float]:
+    """Cosine similarity of given chunks (found by keyword) to the query, where they have vectors."""
+    if not chunk_ids:
+        return {}
+    found: dict[int, float] = {}
+    for model, collection_ids in by_model(targets).values():
+        if not model.dimensions:
+            continue
+        try:
+            vector = query_embeddings.vector(model, query)
+        except EmbeddingError:
+            continue
+        expression = vector_expression(model, alias="e")
+        with read_connection().cursor() as cursor:
+            cursor.execute(
+                f"SELECT e.chunk_id, 1 - ({expression} <=> %s::vector({model.dimensions})) FROM kb_embedding e "
+                "WHERE e.model_id = %s AND e.collection_id = ANY(%s) AND e.chunk_id = ANY(%s)",
+                [Vector(vector).to_text(), model.pk, collection_ids, chunk_ids],
+            )
+            found.update(cursor.fetchall())
+    return found
