@@ -49,6 +49,12 @@ def test_a_database_url_that_is_not_postgres_is_refused():
     assert "DATABASE_URL must point to PostgreSQL" in result.stderr
 
 
+def test_a_replica_url_that_is_not_postgres_is_refused():
+    result = manage("check", DATABASE_REPLICA_URLS="postgresql://postgres@127.0.0.1/kb,sqlite:///x.db")
+    assert result.returncode != 0
+    assert "DATABASE_REPLICA_URLS must point to PostgreSQL" in result.stderr
+
+
 def test_every_setting_is_listed_in_the_example_env_file():
     settings_text = (ROOT / "config" / "settings.py").read_text()
     example = (ROOT / ".env.example").read_text()

@@ -42,7 +42,7 @@ from django.db import transaction
 from kb.embedding_providers import EmbeddingError
 from kb.errors import ErrorCode, KBError
 from kb.models import DEFAULT_TOP_K, MAX_TOP_K, Collection
-from kb.replicas import replica_reads
+from kb.replicas import read_connection, reads_from_replica
 from kb.search.bm25 import KeywordQuery
 from kb.search.filters import (
     MAX_FILTER_DOCUMENTS,
@@ -62,6 +62,7 @@ MIN_CANDIDATE_DEPTH = 100
 MAX_CANDIDATE_DEPTH = 10_000
 
 
+@reads_from_replica
 def search(
     *,
     query: str,
@@ -118,7 +119,7 @@ def search(
     if not targets:
         return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=[])
 
-    with replica_reads() as alias, transaction.atomic(using=alias):  # SET LOCAL needs a transaction; one snapshot
+    with transaction.atomic(using=read_connection().alias):  # SET LOCAL needs a transaction; one snapshot
         keyword = KeywordQuery.of(query, filters) if mode in ("keyword", "hybrid") and weight < 1.0 else None
         keyword_hits = keyword.top(depth) if keyword else []
         vector_hits: dict[int, tuple[int, float]] = {}

@@ -4,6 +4,7 @@ from django.db.models import QuerySet
 
 from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document, DocumentStatus
+from kb.replicas import reads_from_replica
 
 
 def document_get(*, doc_id: str) -> Document:
@@ -21,6 +22,7 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
 
+@reads_from_replica
 def document_list(
     *, collection: Collection, limit: int = DEFAULT_PAGE_SIZE, offset: int = 0, status: str | None = None
 ) -> list[Document]:
@@ -43,6 +45,7 @@ def document_chunks(*, document: Document) -> QuerySet[Chunk]:
 MAX_NEIGHBORS = 10
 
 
+@reads_from_replica
 def chunk_neighbors(*, document: Document, chunk_index: int, before: int = 1, after: int = 1) -> list[Chunk]:
     """A chunk of ``document`` and up to ``before``/``after`` chunks on each side of it, in order:
     the text around a search hit, without fetching the whole document."""

@@ -1,11 +1,11 @@
 """Totals of the whole knowledge base or of one collection, and its size on disk."""
 
-from django.db import connection
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb.models import Collection, Document, DocumentStatus, Embedding
+from kb.replicas import read_connection, reads_from_replica
 from kb.selectors.collections import collection_get
 
 KB_TABLES = (
@@ -35,6 +35,7 @@ class Stats(BaseModel):
     failed: int
 
 
+@reads_from_replica
 def kb_stats(*, collection: str | None = None) -> Stats:
     documents = Document.objects.all()
     embeddings = Embedding.objects.all()
@@ -66,7 +67,7 @@ def kb_stats(*, collection: str | None = None) -> Stats:
 
 def storage_bytes() -> int:
     """Bytes on disk of the knowledge base's tables with their indexes and TOAST data."""
-    with connection.cursor() as cursor:
+    with read_connection().cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
             "WHERE c.relname = ANY(%s) AND c.relkind = 'r'",
