@@ -7,9 +7,8 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from kb import search as search_module
-from kb.search import bm25, fusion, service, vectors
 from kb.errors import ErrorCode, KBError
-from kb.search import search
+from kb.search import bm25, fusion, search, service, vectors
 from kb.services.collections import collection_create, collection_update
 from kb.services.documents import document_create_from_text, document_delete
 from tests.support.fake_providers import fake_ollama, remote_collection
