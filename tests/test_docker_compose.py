@@ -15,7 +15,7 @@ def test_every_variable_it_sets_is_a_setting_the_project_reads():
     example = (ROOT / ".env.example").read_text()
     known = set(re.findall(r"^#?\s*([A-Z0-9_]+)=", example, re.MULTILINE))
     for name, service in compose()["services"].items():
-        if name in ("postgres", "redis", "ollama"):
+        if name in ("postgres", "postgres-replica", "redis", "ollama"):  # third-party images
             continue
         unknown = set(service["environment"]) - known
         assert not unknown, f"{name} sets variables no setting reads: {unknown}"
@@ -23,7 +23,7 @@ def test_every_variable_it_sets_is_a_setting_the_project_reads():
 
 def test_every_service_has_a_health_check():
     services = compose()["services"]
-    for name in ("postgres", "redis", "ollama", "web", "worker"):
+    for name in ("postgres", "postgres-replica", "redis", "ollama", "web", "worker"):
         assert "healthcheck" in services[name], name
 
 
@@ -47,3 +47,14 @@ def test_the_broker_is_redis():
 def test_the_worker_runs_with_the_web_environment():
     services = compose()["services"]
     assert services["worker"]["environment"] == services["web"]["environment"]
+
+
+def test_the_optional_replica_is_a_standby_of_the_primary():
+    services = compose()["services"]
+    replica = services["postgres-replica"]
+    assert replica["profiles"] == ["replica"]  # `docker compose up` alone does not start it
+    assert replica["image"] == services["postgres"]["image"]
+    script = "\n".join(replica["command"])
+    assert "pg_basebackup -h postgres" in script
+    assert " -R " in script  # writes standby.signal and primary_conninfo
+    assert services["web"]["environment"]["DATABASE_REPLICA_URLS"] == "${DATABASE_REPLICA_URLS:-}"

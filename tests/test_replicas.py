@@ -48,6 +48,14 @@ def test_search_right_after_a_write_reads_from_the_standby(standby):
     assert "default" not in seen["statements"]  # the primary only said how far it had written
 
 
+def test_health_reports_a_standby_that_has_caught_up(standby):
+    seen = probe("ptarmigan", [standby.url(connection.settings_dict["NAME"])])
+    replica = seen["health"]["replicas"]["replica_1"]
+    assert replica["ok"] is True
+    # Caught up to the write; background WAL (autovacuum, checkpoints) may have moved on since.
+    assert 0 <= replica["behind_bytes"] < 1_000_000
+
+
 def test_a_write_is_found_while_the_standby_lags(standby):
     standby.execute("SELECT pg_wal_replay_pause()")
     seen = probe("quillwort", [standby.url(connection.settings_dict["NAME"])], KB_REPLICA_MAX_WAIT_MS="100")
@@ -55,6 +63,7 @@ def test_a_write_is_found_while_the_standby_lags(standby):
     assert seen["documents"] == 1
     assert seen["statements"]["default"] > 0
     assert "replica_1" not in seen["statements"]  # passed over: it had not replayed the write
+    assert seen["health"]["replicas"]["replica_1"]["behind_bytes"] > 0
 
 
 def test_a_replica_that_does_not_answer_is_passed_over(transactional_db):
@@ -62,3 +71,4 @@ def test_a_replica_that_does_not_answer_is_passed_over(transactional_db):
     seen = probe("bladderwrack", [unreachable])
     assert seen["found"] == ["note://bladderwrack"]
     assert seen["recovery"]["replica_1"] is None
+    assert seen["health"]["ok"] is False

@@ -1,4 +1,5 @@
-"""Health checks behind ``/health`` and ``/api/health``: database, broker, workers, embedding providers.
+"""Health checks behind ``/health`` and ``/api/health``: database, broker, workers, embedding
+providers, and the streaming replicas when DATABASE_REPLICA_URLS names some.
 
 ``/health/live`` says only that the process answers; ``/health/ready`` is 503 unless the
 database, the broker and a worker for every queue are there; ``/health`` reports everything and
@@ -13,9 +14,10 @@ import os
 from typing import Any, Literal
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, connections
 
 from kb.models import Collection
+from kb.replicas import replica_aliases
 
 # Seconds a broker connection or a provider request may take before the check reports it down.
 CHECK_TIMEOUT_SECONDS = 2.0
@@ -27,6 +29,8 @@ def health_report(*, detailed: bool) -> dict[str, Any]:
     checks = {"database": database_check(), "broker": broker_check()}
     checks["worker"] = worker_check(database_ok=checks["database"]["ok"])
     checks["embedding"] = embedding_check(models=_models_in_use(database_ok=checks["database"]["ok"]))
+    if replica_aliases():
+        checks["replicas"] = replicas_check()
     if not detailed:
         checks = {name: {"ok": check["ok"]} for name, check in checks.items()}
     return {"status": readiness(checks), "checks": checks}
@@ -37,11 +41,13 @@ HealthStatus = Literal["ok", "degraded", "error"]
 
 def readiness(checks: dict[str, dict[str, Any]]) -> HealthStatus:
     """ "error" (HTTP 503) only when the server cannot work: the database or the broker is down.
-    No worker, or one collection's unreachable embedding provider, makes it "degraded": search,
-    ingestion and the other collections still work (embeddings wait), and the details say what."""
+    No worker, one collection's unreachable embedding provider or a replica down makes it
+    "degraded": search, ingestion and the other collections still work (embeddings wait, reads
+    go to the primary), and the details say what."""
     if not (checks["database"]["ok"] and checks["broker"]["ok"]):
         return "error"
-    return "ok" if checks["embedding"]["ok"] and checks["worker"]["ok"] else "degraded"
+    others = ("embedding", "worker", "replicas")
+    return "ok" if all(checks[name]["ok"] for name in others if name in checks) else "degraded"
 
 
 def ready() -> bool:
@@ -84,6 +90,30 @@ def database_check() -> dict[str, Any]:
     if row is None:
         return {"ok": False, "pgvector": None, "error": "the pgvector extension is not installed"}
     return {"ok": True, "pgvector": row[0]}
+
+
+def replicas_check() -> dict[str, Any]:
+    """Each replica answers, is a standby, and how many bytes of the primary's WAL it has yet to replay."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_flush_lsn()::text")
+        flushed = cursor.fetchone()[0]
+    replicas: dict[str, dict[str, Any]] = {}
+    for alias in replica_aliases():
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_is_in_recovery(), pg_wal_lsn_diff(%s::pg_lsn, pg_last_wal_replay_lsn())", [flushed]
+                )
+                standby, behind = cursor.fetchone()
+        except DatabaseError as exc:
+            connections[alias].close()
+            replicas[alias] = {"ok": False, "error": str(exc).strip()}
+            continue
+        if not standby:
+            replicas[alias] = {"ok": False, "error": "not a streaming replica (not in recovery)"}
+        else:
+            replicas[alias] = {"ok": True, "behind_bytes": max(0, int(behind))}
+    return {"ok": all(replica["ok"] for replica in replicas.values()), "replicas": replicas}
 
 
 def broker_check(*, url: str | None = None) -> dict[str, Any]:

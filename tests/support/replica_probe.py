@@ -1,7 +1,8 @@
 """``python -m tests.support.replica_probe WORD``, run with DATABASE_REPLICA_URLS set: writes a
 document holding WORD through the document service, searches for it at once and counts the
 statistics, then prints JSON: what the search found, how many SQL statements on our tables
-each database alias ran for the reads, and which aliases are servers in recovery (standbys)."""
+each database alias ran for the reads, which aliases are servers in recovery (standbys), and /health's
+replica check."""
 
 import contextlib
 import json
@@ -21,6 +22,7 @@ def main(word: str) -> None:
     from django.db import DatabaseError, connections
 
     from kb.search import search
+    from kb.selectors.health import health_report
     from kb.selectors.stats import kb_stats
     from kb.services.collections import collection_create
     from kb.services.documents import document_create_from_text
@@ -41,7 +43,12 @@ def main(word: str) -> None:
                 recovery[alias] = cursor.fetchone()[0]
         except DatabaseError:  # a replica that does not answer
             recovery[alias] = None
-    print(json.dumps({"found": found, "documents": documents, "statements": statements, "recovery": recovery}))
+    replicas = health_report(detailed=True)["checks"]["replicas"]
+    print(
+        json.dumps(
+            {"found": found, "documents": documents, "statements": statements, "recovery": recovery, "health": replicas}
+        )
+    )
 
 
 def _counting(alias: str, statements: Counter[str]) -> Callable[..., Any]:
