@@ -108,12 +108,12 @@ class BM25Scorer:
             essential_count += 1
 
     def _attempt(self, essential: list[str], rest: list[str], depth: int) -> list[tuple[int, float]] | None:
-        rest_bound = sum(self.weights[term] for term in rest)
-        partial = self.score(essential, chunk_ids=None)
         if not rest:
-            return sorted(partial.items(), key=lambda item: -item[1])[:depth]
-        ranked = sorted(partial.items(), key=lambda item: -item[1])
+            return self.best(essential, limit=depth)
+        rest_bound = sum(self.weights[term] for term in rest)
         cut = max(depth * 4, 200)
+        # Ranked by the database: only the candidates worth a look-up, and the best one below them.
+        ranked = self.best(essential, limit=cut + 1)
         probed, unprobed = ranked[:cut], ranked[cut:]
         full = dict(probed)
         for chunk_id, extra in self.score(rest, chunk_ids=[chunk_id for chunk_id, _ in probed]).items():
@@ -123,13 +123,23 @@ class BM25Scorer:
         outsiders_could_win = rest_bound > threshold or (unprobed and unprobed[0][1] + rest_bound > threshold)
         return None if outsiders_could_win else best
 
-    def score(self, terms: list[str], chunk_ids: list[int] | None) -> dict[int, float]:
-        """Sum of the BM25 contributions of ``terms`` per chunk (only ``chunk_ids`` when given)."""
+    def score(self, terms: list[str], chunk_ids: list[int]) -> dict[int, float]:
+        """Sum of the BM25 contributions of ``terms`` for each of ``chunk_ids`` that holds one."""
+        sql, params = self._sum_per_chunk(terms, chunk_ids)
+        with read_connection().cursor() as cursor:
+            cursor.execute(sql, params)
+            return dict(cursor.fetchall())
+
+    def best(self, terms: list[str], *, limit: int) -> list[tuple[int, float]]:
+        """The ``limit`` chunks with the highest sum of the contributions of ``terms``, best first."""
+        sql, params = self._sum_per_chunk(terms, None)
+        with read_connection().cursor() as cursor:
+            cursor.execute(f"{sql} ORDER BY 2 DESC, 1 LIMIT %s", [*params, limit])
+            return cursor.fetchall()
+
+    def _sum_per_chunk(self, terms: list[str], chunk_ids: list[int] | None) -> tuple[str, list[Any]]:
         k1, b = settings.KB_BM25_K1, settings.KB_BM25_B
-        params: list[Any] = [list(terms), [self.weights[term] for term in terms]]
-        restrict = ""
-        if chunk_ids is not None:
-            restrict = "AND p.chunk_id = ANY(%s)"
+        restrict = "" if chunk_ids is None else "AND p.chunk_id = ANY(%s)"
         allowed, allowed_params = self._allowed_join()
         sql = f"""
             SELECT p.chunk_id, sum(q.weight * p.tf / (p.tf + %s * (1 - %s + %s * p.chunk_length / %s)))
@@ -138,13 +148,11 @@ class BM25Scorer:
             {allowed}
             GROUP BY p.chunk_id
         """
-        params = [k1, b, b, self.avgdl, *params, list(self.filters.collection_ids)]
+        params: list[Any] = [k1, b, b, self.avgdl, list(terms), [self.weights[term] for term in terms]]
+        params.append(list(self.filters.collection_ids))
         if chunk_ids is not None:
             params.append(chunk_ids)
-        params.extend(allowed_params)
-        with read_connection().cursor() as cursor:
-            cursor.execute(sql, params)
-            return dict(cursor.fetchall())
+        return sql, [*params, *allowed_params]
 
     def _allowed_join(self) -> tuple[str, list[Any]]:
         if not self.filters.narrows_documents:
