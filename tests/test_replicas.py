@@ -48,6 +48,12 @@ def test_search_right_after_a_write_reads_from_the_standby(standby):
     assert "default" not in seen["statements"]  # the primary only said how far it had written
 
 
+def test_a_search_inside_a_transaction_reads_from_the_primary(standby):
+    seen = probe("sandpiper", [standby.url(connection.settings_dict["NAME"])])
+    assert seen["in_transaction"]["default"] > 0
+    assert "replica_1" not in seen["in_transaction"]
+
+
 def test_health_reports_a_standby_that_has_caught_up(standby):
     seen = probe("ptarmigan", [standby.url(connection.settings_dict["NAME"])])
     replica = seen["health"]["replicas"]["replica_1"]

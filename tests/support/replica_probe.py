@@ -1,7 +1,7 @@
 """``python -m tests.support.replica_probe WORD``, run with DATABASE_REPLICA_URLS set: writes a
 document holding WORD through the document service, searches for it at once and counts the
 statistics, then prints JSON: what the search found, how many SQL statements on our tables
-each database alias ran for the reads, which aliases are servers in recovery (standbys), and /health's
+each database alias ran for the reads (and for a search inside a transaction), which aliases are servers in recovery (standbys), and /health's
 replica check."""
 
 import contextlib
@@ -19,7 +19,7 @@ def main(word: str) -> None:
 
     django.setup()
     from django.conf import settings
-    from django.db import DatabaseError, connections
+    from django.db import DatabaseError, connections, transaction
 
     from kb.search import search
     from kb.selectors.health import health_report
@@ -35,6 +35,11 @@ def main(word: str) -> None:
             stack.enter_context(connections[alias].execute_wrapper(_counting(alias, statements)))
         found = [hit.source_uri for hit in search(query=word, collections=[collection.name], mode="keyword").results]
         documents = kb_stats(collection=collection.name).documents
+    in_transaction: Counter[str] = Counter()  # a service that reads before it writes
+    with contextlib.ExitStack() as stack, transaction.atomic():
+        for alias in settings.DATABASES:
+            stack.enter_context(connections[alias].execute_wrapper(_counting(alias, in_transaction)))
+        search(query=word, collections=[collection.name], mode="keyword")
     recovery: dict[str, bool | None] = {}
     for alias in settings.DATABASES:
         try:
@@ -46,7 +51,14 @@ def main(word: str) -> None:
     replicas = health_report(detailed=True)["checks"]["replicas"]
     print(
         json.dumps(
-            {"found": found, "documents": documents, "statements": statements, "recovery": recovery, "health": replicas}
+            {
+                "found": found,
+                "documents": documents,
+                "statements": statements,
+                "in_transaction": in_transaction,
+                "recovery": recovery,
+                "health": replicas,
+            }
         )
     )
 
