@@ -4,8 +4,10 @@ Search and the read-only selectors run inside ``replica_reads()``: the block rea
 chosen at its start, that has replayed everything the primary had flushed when the block began,
 so a write that returned before a search is always found by it, whoever wrote it and whichever
 web process serves the search. A replica that has not caught up within KB_REPLICA_MAX_WAIT_MS, or
-does not answer, is passed over; with none left the block reads from the primary. Inside a
-transaction on the primary (a service that reads before it writes) reads stay on the primary.
+does not answer, is passed over; one that did not answer is left alone for
+RETRY_DOWN_REPLICA_SECONDS, so that reads do not each wait for its connect timeout. With none left
+the block reads from the primary. Inside a transaction on the primary (a service that reads
+before it writes) reads stay on the primary.
 
 Everything else (services, the worker, the admin's writes, migrations) uses the primary only:
 ``ReplicaRouter`` sends an ORM read to a replica only inside ``replica_reads()``.
@@ -29,9 +31,12 @@ logger = logging.getLogger(__name__)
 REPLICA_ALIAS_PREFIX = "replica_"
 # How often a replica's replay position is asked for while waiting for it to catch up.
 CATCH_UP_POLL_SECONDS = 0.002
+# A replica that failed is left alone this long, so that reads do not each wait for its connect timeout.
+RETRY_DOWN_REPLICA_SECONDS = 10.0
 
 _read_alias: contextvars.ContextVar[str | None] = contextvars.ContextVar("kb_read_alias", default=None)
 _turns = itertools.count()
+_down_until: dict[str, float] = {}  # per process: alias -> monotonic time to try it again
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -98,6 +103,8 @@ def _choose() -> str:
     deadline = time.monotonic() + settings.KB_REPLICA_MAX_WAIT_MS / 1000
     for offset in range(len(replicas)):  # round robin, so replicas share the reads
         alias = replicas[(start + offset) % len(replicas)]
+        if _down_until.get(alias, 0.0) > time.monotonic():
+            continue
         if _caught_up(alias, flushed, deadline):
             return alias
     return DEFAULT_DB_ALIAS
@@ -120,6 +127,9 @@ def _caught_up(alias: str, lsn: str, deadline: float) -> bool:
                     return False
                 time.sleep(CATCH_UP_POLL_SECONDS)
     except DatabaseError as error:
-        logger.warning("replica %s is unavailable (%s); reading elsewhere", alias, error)
+        logger.warning(
+            "replica %s is unavailable (%s); reading elsewhere for %.0f s", alias, error, RETRY_DOWN_REPLICA_SECONDS
+        )
         connections[alias].close()
+        _down_until[alias] = time.monotonic() + RETRY_DOWN_REPLICA_SECONDS
         return False
