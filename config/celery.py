@@ -1,8 +1,8 @@
 """The Celery application; tasks live in kb/tasks.py and receive ids, never model instances.
 
 Every worker sweeps for documents left behind (a lost message, a worker killed mid-task)
-when it starts and then every KB_SWEEP_INTERVAL_SECONDS, so no separate beat process is
-needed, whatever the broker.
+when it starts and then every KB_SWEEP_INTERVAL_SECONDS, and starts the syncs of sources that
+are due every KB_SYNC_TICK_SECONDS, so no separate beat process is needed, whatever the broker.
 """
 
 import logging
@@ -98,5 +98,18 @@ class Heartbeat(_Repeating):
         worker_gone(hostname=self.hostname)
 
 
+class SyncSources(_Repeating):
+    """Start the syncs of sources that are due, give up runs whose worker died (kb.services.sources)."""
+
+    interval_setting = "KB_SYNC_TICK_SECONDS"
+    failure = "sync step failed"
+
+    def tick(self) -> None:
+        from kb.services.sources import sync_tick
+
+        sync_tick()
+
+
 app.steps["consumer"].add(SweepStaleDocuments)
+app.steps["consumer"].add(SyncSources)
 app.steps["consumer"].add(Heartbeat)

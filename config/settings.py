@@ -197,6 +197,14 @@ KB_INTERACTIVE_MAX_CHUNKS = env_int("KB_INTERACTIVE_MAX_CHUNKS", 64, minimum=0)
 KB_WRITE_WAIT_SECONDS = env_float("KB_WRITE_WAIT_SECONDS", 30.0, minimum=0.0, maximum=600.0)
 # How often the worker looks for documents left pending/processing by a dead worker or a lost message.
 KB_SWEEP_INTERVAL_SECONDS = env_int("KB_SWEEP_INTERVAL_SECONDS", 60, minimum=5)
+# How often each worker starts the syncs of sources that are due (kb.services.sources) and gives
+# up runs whose worker died. A worker step, not Celery beat: `make run` keeps one process fewer.
+KB_SYNC_TICK_SECONDS = env_int("KB_SYNC_TICK_SECONDS", 30, minimum=1)
+# A sync run whose worker has not renewed its lease for this long died: the run is marked failed
+# (it removed nothing) and the source can sync again.
+KB_SYNC_LEASE_SECONDS = env_int("KB_SYNC_LEASE_SECONDS", 60, minimum=5)
+# Most URLs one source may follow (its list and its sitemap's together).
+KB_SOURCE_MAX_URLS = env_int("KB_SOURCE_MAX_URLS", 1000, minimum=1, maximum=100_000)
 # A worker renews its heartbeat row this often; /health counts it alive for three periods.
 KB_WORKER_HEARTBEAT_SECONDS = env_int("KB_WORKER_HEARTBEAT_SECONDS", 5, minimum=1)
 # Files refused by uploads and folder ingests that the dashboard keeps (the newest).

@@ -24,9 +24,10 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from kb.errors import ErrorCode, KBError
-from kb.models import SCOPE_LEVELS, ApiToken, Collection, Document, TokenScope
+from kb.models import SCOPE_LEVELS, ApiToken, Collection, Document, Source, SyncRun, TokenScope
 from kb.selectors.collections import collection_get
 from kb.selectors.documents import document_get
+from kb.selectors.sources import source_get, sync_run_get
 from kb.services.tokens import token_authenticate
 
 
@@ -65,6 +66,19 @@ class Access:
         if not self.can_see(document.collection.name):
             raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}")
         return document
+
+    def source(self, name: str) -> Source:
+        """A source the caller may see: one of a hidden collection is reported as not found."""
+        source = source_get(name=name)
+        if not self.can_see(source.collection.name):
+            raise KBError(ErrorCode.NOT_FOUND, f"Source not found: {name}")
+        return source
+
+    def sync_run(self, run_id: str) -> SyncRun:
+        run = sync_run_get(run_id=run_id)
+        if not self.can_see(run.source.collection.name):
+            raise KBError(ErrorCode.NOT_FOUND, f"Sync run not found: {run_id}")
+        return run
 
     def require_unrestricted(self, action: str) -> None:
         """Actions that are not about one visible collection (creating one, server-wide stats...)."""

@@ -19,7 +19,7 @@ class ErrorCode(StrEnum):
     EMBEDDING_ERROR = "EMBEDDING_ERROR"
     UNAUTHORIZED = "UNAUTHORIZED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
-    # Not in the seed: a REST path that names no endpoint at all.
+    # Not in the seed: a REST path that names no endpoint at all, or a source or sync run.
     NOT_FOUND = "NOT_FOUND"
 
 

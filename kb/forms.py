@@ -10,10 +10,11 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 
 from kb.errors import KBError
 from kb.ingestion.formats import CONTENT_TYPES
-from kb.models import DEFAULT_TOP_K, MAX_TOP_K, ApiToken, Collection, EmbeddingProvider
+from kb.models import DEFAULT_TOP_K, MAX_TOP_K, ApiToken, Collection, EmbeddingProvider, Source
 from kb.search import MODES
 from kb.services.collections import validate_chunk_settings, validate_collection_name, validate_semantic_weight
 from kb.services.embedding_models import embedding_model_choose, model_name_for
+from kb.services.sources import validate_source_fields
 
 CONTENT_TYPE_CHOICES = [("", "Detect automatically")] + [(kind, kind) for kind in CONTENT_TYPES]
 
@@ -237,3 +238,45 @@ class ApiTokenForm(forms.ModelForm):
         model = ApiToken
         fields = ["name", "scope", "collections", "expires_at"]
         help_texts = {"collections": "None selected: every collection."}
+
+
+# --- sources --------------------------------------------------------------------------------
+
+
+class LinesField(forms.CharField):
+    """A list typed one item per line."""
+
+    widget = forms.Textarea(attrs={"rows": 3, "cols": 60, "spellcheck": "false"})
+
+    def prepare_value(self, value: Any) -> Any:
+        return "\n".join(value) if isinstance(value, list) else value
+
+    def to_python(self, value: Any) -> list[str]:
+        return [line.strip() for line in (super().to_python(value) or "").splitlines() if line.strip()]
+
+
+class SourceForm(forms.ModelForm):
+    include = LinesField(
+        required=False, help_text="Globs a file must match, one per line (e.g. *.md). None: every file."
+    )
+    exclude = LinesField(required=False, help_text="Globs of files to leave out, one per line (e.g. drafts/*).")
+    urls = LinesField(required=False, label="URLs", help_text="http(s) URLs to follow, one per line.")
+
+    class Meta:
+        model = Source
+        fields = ["name", "collection", "folder", "recursive", "include", "exclude", "urls", "sitemap_url",
+                  "interval_minutes"]  # fmt: skip
+        help_texts = {
+            "folder": "A folder under KB_FILE_ROOTS. Give a folder, or URLs and/or a sitemap.",
+            "interval_minutes": "Sync on this schedule. Empty: only when asked (Sync now).",
+        }
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            data.update(validate_source_fields(**{key: data[key] for key in self.Meta.fields if key != "collection"}))
+        except KBError as error:
+            raise forms.ValidationError(error.message) from None
+        return data

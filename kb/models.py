@@ -343,3 +343,105 @@ class IngestRefusal(models.Model):
 
     def __str__(self) -> str:
         return self.source_uri
+
+
+# --- Sources: a collection that follows a folder or a list of URLs (kb.services.sources).
+
+SOURCE_NAME_MAX_LENGTH = 100
+
+
+class SourceKind(models.TextChoices):
+    FOLDER = "folder", "Folder"
+    URLS = "urls", "URLs"
+
+
+class Source(models.Model):
+    """A folder under KB_FILE_ROOTS (with include/exclude globs) or a list of http(s) URLs (and
+    the URLs of a sitemap) that a collection follows: each sync adds, updates and removes its
+    documents to match. ``interval_minutes`` schedules it; None: on demand only."""
+
+    name = models.CharField(max_length=SOURCE_NAME_MAX_LENGTH, unique=True, validators=[validate_collection_name_field])
+    collection = models.ForeignKey(Collection, on_delete=models.CASCADE, related_name="sources")
+    kind = models.CharField(max_length=10, choices=SourceKind.choices)
+    folder = models.TextField(blank=True, default="", help_text="A folder under KB_FILE_ROOTS")
+    recursive = models.BooleanField(default=True)
+    include = models.JSONField(default=list, blank=True, help_text="Globs a file must match (none: every file)")
+    exclude = models.JSONField(default=list, blank=True, help_text="Globs of files to leave out")
+    urls = models.JSONField(default=list, blank=True)
+    sitemap_url = models.TextField(blank=True, default="")
+    interval_minutes = models.PositiveIntegerField(null=True, blank=True)
+    next_sync_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SourceItem(models.Model):
+    """A file or URL a source brought into its collection: what the next sync compares against,
+    and what it may remove once a complete scan no longer finds it."""
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="items")
+    # The document is the collection's one of this source URI.
+    uri = models.TextField()
+    etag = models.TextField(blank=True, default="")
+    last_modified = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["source", "uri"], name="kb_source_item_unique")]
+
+
+class SyncStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+
+
+SyncStatusName = Literal[tuple(SyncStatus.values)]  # type: ignore[valid-type]
+ACTIVE_SYNC_STATUSES = (SyncStatus.QUEUED, SyncStatus.RUNNING)
+
+
+class SyncRun(models.Model):
+    """One sync of a source: one Celery job. At most one is queued or running per source."""
+
+    id = models.CharField(primary_key=True, max_length=26, default=new_ulid, editable=False)
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="runs")
+    status = models.CharField(max_length=10, choices=SyncStatus.choices, default=SyncStatus.QUEUED)
+    trigger = models.CharField(max_length=10, default="manual")  # manual or schedule
+    # Files or URLs found by the scan, and how many of them were handled so far.
+    total = models.PositiveIntegerField(default=0)
+    processed = models.PositiveIntegerField(default=0)
+    added = models.PositiveIntegerField(default=0)
+    updated = models.PositiveIntegerField(default=0)
+    unchanged = models.PositiveIntegerField(default=0)
+    removed = models.PositiveIntegerField(default=0)
+    skipped = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    # [{"uri", "code", "message"}] of the failed items (the first KB_SYNC_FAILURES_KEPT).
+    failures = models.JSONField(default=list, blank=True)
+    # Why the run failed as a whole (the scan could not complete: nothing was removed).
+    error = models.TextField(blank=True, default="")
+    worker = models.CharField(max_length=255, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # Two syncs of one source never run at once: the database refuses a second active run.
+            models.UniqueConstraint(
+                fields=["source"],
+                condition=models.Q(status__in=["queued", "running"]),
+                name="kb_sync_run_one_active",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.id} ({self.status})"

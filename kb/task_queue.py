@@ -12,6 +12,7 @@ from kb.work_lanes import INTERACTIVE_QUEUE
 
 EMBED_DOCUMENT = "kb.tasks.embed_document"
 REEMBED_COLLECTION = "kb.tasks.reembed_collection"
+SYNC_SOURCE = "kb.tasks.sync_source"
 
 
 def enqueue_embedding(document_id: str, *, interactive: bool) -> None:
@@ -22,3 +23,7 @@ def enqueue_embedding(document_id: str, *, interactive: bool) -> None:
 
 def enqueue_collection_reembed(collection_id: int) -> None:
     transaction.on_commit(lambda: current_app.send_task(REEMBED_COLLECTION, (collection_id,)), robust=True)
+
+
+def enqueue_sync(run_id: str) -> None:
+    transaction.on_commit(lambda: current_app.send_task(SYNC_SOURCE, (run_id,)), robust=True)

@@ -13,7 +13,7 @@ from django.db import DatabaseError
 
 from kb.embedding_providers import EmbeddingError
 from kb.errors import ErrorCode, KBError
-from kb.services import embedding_pipeline, model_switch
+from kb.services import embedding_pipeline, model_switch, sources
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,14 @@ def reembed_collection(collection_id: int) -> str:
         )
         return "stopped"
     return "done"
+
+
+@shared_task(bind=True)
+def sync_source(self, run_id: str) -> str:  # noqa: ANN001 - Celery's bound task
+    """One sync run of a source (kb.services.sources). Not retried: a run that fails says why,
+    and a run whose worker died is given up by the next sync step; the source syncs again."""
+    run = sources.sync_execute(run_id=run_id, worker=self.request.hostname or "")
+    return "skipped" if run is None else run.status
 
 
 @shared_task

@@ -7,7 +7,7 @@ calls a service in ``kb.services``; every read that is not a plain list is a sel
 
 from django.contrib import admin
 
-from kb.admin import chunks, collections, documents, tokens
+from kb.admin import chunks, collections, documents, sources, tokens
 
 admin.site.site_header = "Knowledge base"
 admin.site.site_title = "Knowledge base admin"
@@ -15,4 +15,4 @@ admin.site.index_title = "Dashboard"
 # The breadcrumbs and the dashboard lead everywhere; the document list needs the width more.
 admin.site.enable_nav_sidebar = False
 
-__all__ = ["chunks", "collections", "documents", "tokens"]
+__all__ = ["chunks", "collections", "documents", "sources", "tokens"]

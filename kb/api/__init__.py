@@ -7,7 +7,7 @@ routers hold no other logic. Errors are ``{"error": {"code", "message"}}`` (kb.a
 from ninja import NinjaAPI
 from ninja.operation import Operation
 
-from kb.api import collections, documents, search
+from kb.api import collections, documents, search, sources
 from kb.api.auth import BearerToken
 from kb.api.errors import install_error_handlers
 
@@ -34,3 +34,4 @@ install_error_handlers(api)
 api.add_router("/collections", collections.router)
 api.add_router("", documents.router)
 api.add_router("", search.router)
+api.add_router("", sources.router)

@@ -22,6 +22,7 @@ from kb.models import (
     DEFAULT_TOP_K,
     EMBEDDING_MODEL_NAME_MAX_LENGTH,
     MAX_TOP_K,
+    SOURCE_NAME_MAX_LENGTH,
     Chunk,
     Collection,
     Document,
@@ -32,6 +33,7 @@ from kb.search import MAX_CANDIDATE_DEPTH, Mode
 from kb.selectors.collections import EmbeddingModelInfo, ReembedState, collection_reembedding
 from kb.selectors.documents import DEFAULT_PAGE_SIZE, MAX_NEIGHBORS, MAX_OFFSET, MAX_PAGE_SIZE
 from kb.selectors.health import HealthStatus
+from kb.selectors.sources import SourceOut, SyncRunOut
 from kb.services.documents import StoredDocument
 from kb.services.ingest import IngestItem, IngestReport, ItemOutcome
 
@@ -465,3 +467,44 @@ class StatsQuery(InputSchema):
 class HealthOut(Schema):
     status: HealthStatus
     checks: dict[str, dict[str, Any]]
+
+
+# --- sources ----------------------------------------------------------------------------------
+
+SourceName = Annotated[
+    str,
+    Path(
+        pattern=COLLECTION_NAME_PATTERN,
+        max_length=SOURCE_NAME_MAX_LENGTH,
+        description="Source name",
+        example="handbook",
+    ),
+]
+SyncRunId = Annotated[str, Path(pattern=r"^[0-9A-Za-z]{26}$", description="Sync run ID (ULID)")]
+
+
+class SourceCreateIn(InputSchema):
+    name: str = Field(description="Letters, digits, '-' and '_'", examples=["handbook"])
+    collection: str = Field(description="The collection the source keeps in sync")
+    folder: str = Field("", description="A folder under KB_FILE_ROOTS (file:// URI or path); or give urls")
+    recursive: bool = Field(True, description="Folders: include subfolders")
+    include: list[str] = Field([], description="Folders: globs a file must match, e.g. ['*.md', 'docs/*']")
+    exclude: list[str] = Field([], description="Folders: globs of files to leave out")
+    urls: list[str] = Field([], description="http(s) URLs to follow")
+    sitemap_url: str = Field("", description="A sitemap whose page URLs are followed too")
+    interval_minutes: int | None = Field(None, description="Sync on this schedule; omit for on demand only")
+
+
+class SourceListOut(Schema):
+    sources: list[SourceOut]
+    total: int
+
+
+class SyncStartOut(Schema):
+    started: bool = Field(description="False: a sync of this source was already queued or running; run is that one")
+    run: SyncRunOut
+
+
+class SyncRunListOut(Schema):
+    source: str
+    runs: list[SyncRunOut]

@@ -48,6 +48,9 @@ class LoadedSource:
     filename: str = ""
     mime_type: str = ""
     metadata: dict[str, float] = field(default_factory=dict)
+    # An http(s) response's validators, for the next conditional GET (sources that sync).
+    etag: str = ""
+    last_modified: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,20 +112,29 @@ def confine(path: Path, roots: Sequence[Path]) -> Path:
 
 def iter_files(folder: Path, *, roots: Sequence[Path], recursive: bool) -> Iterator[LoadedSource | SkippedSource]:
     """Every supported file in ``folder`` (already confined: ``confine``), each one confined too."""
-    for directory, subdirectories, filenames in os.walk(folder):
+    for candidate in walk_folder(folder, recursive=recursive):
+        yield load_candidate(candidate, roots=roots)
+
+
+def walk_folder(folder: Path, *, recursive: bool, on_error: Callable[[OSError], None] | None = None) -> Iterator[Path]:
+    """The files of ``folder`` in a stable order, hidden ones (.DS_Store, .git) left out.
+    ``on_error`` hears of every directory that could not be listed (os.walk skips it)."""
+    for directory, subdirectories, filenames in os.walk(folder, onerror=on_error):
         subdirectories[:] = sorted(name for name in subdirectories if not name.startswith(".")) if recursive else []
         for name in sorted(filenames):
-            if name.startswith("."):  # hidden files (.DS_Store, .gitignore) are never content
-                continue
-            candidate = Path(directory) / name
-            if not (supported_extension(name) or name in KNOWN_TEXT_FILENAMES):
-                unsupported = KBError(ErrorCode.INVALID_ARGUMENT, f"{name}: not a supported file type")
-                yield SkippedSource(source_uri=candidate.as_uri(), error=unsupported, unsupported=True)
-                continue
-            try:
-                yield load_file(confine(candidate, roots))
-            except KBError as error:
-                yield SkippedSource(source_uri=candidate.as_uri(), error=error)
+            if not name.startswith("."):
+                yield Path(directory) / name
+
+
+def load_candidate(candidate: Path, *, roots: Sequence[Path]) -> LoadedSource | SkippedSource:
+    """A file found in a folder: loaded when its type is supported and it lies inside ``roots``."""
+    if not (supported_extension(candidate.name) or candidate.name in KNOWN_TEXT_FILENAMES):
+        unsupported = KBError(ErrorCode.INVALID_ARGUMENT, f"{candidate.name}: not a supported file type")
+        return SkippedSource(source_uri=candidate.as_uri(), error=unsupported, unsupported=True)
+    try:
+        return load_file(confine(candidate, roots))
+    except KBError as error:
+        return SkippedSource(source_uri=candidate.as_uri(), error=error)
 
 
 def load_file(path: Path) -> LoadedSource:
@@ -210,7 +222,18 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 def fetch_url(url: str) -> LoadedSource:
     """GET ``url``, following checked redirects; one deadline bounds the whole fetch and one limit its size."""
+    fetched = fetch_url_if_changed(url)
+    assert fetched is not None  # only a conditional request is answered with None
+    return fetched
+
+
+def fetch_url_if_changed(url: str, *, etag: str = "", last_modified: str = "") -> LoadedSource | None:
+    """``fetch_url`` as a conditional GET: None when the server says the content has not changed
+    since the response that carried ``etag`` / ``last_modified`` (304 Not Modified)."""
     import httpx
+
+    conditions = {"If-None-Match": etag, "If-Modified-Since": last_modified}
+    conditions = {name: value for name, value in conditions.items() if value}
 
     deadline = _Deadline(time.monotonic() + settings.KB_FETCH_TIMEOUT_SECONDS)
     current = url
@@ -224,7 +247,7 @@ def fetch_url(url: str) -> LoadedSource:
         for _ in range(settings.KB_FETCH_MAX_REDIRECTS + 1):
             target = _checked_target(current, malformed=malformed)
             try:
-                response = _fetch_once(client, current, target, deadline)
+                response = _fetch_once(client, current, target, deadline, conditions)
             except httpx.TimeoutException:
                 raise KBError(ErrorCode.LOAD_FAILED, f"{current} did not answer in time") from None
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
@@ -233,10 +256,30 @@ def fetch_url(url: str) -> LoadedSource:
                 current = _redirect_target(current, response)
                 malformed = ErrorCode.LOAD_FAILED
                 continue
-            data, mime_type = response
+            if response is None:
+                return None
+            data, headers = response
             name = Path(unquote(urlsplit(current).path)).name
-            return LoadedSource(source_uri=url, data=data, filename=name, mime_type=mime_type)
+            return LoadedSource(
+                source_uri=url,
+                data=data,
+                filename=name,
+                mime_type=headers.get("content-type", ""),
+                etag=_validator(headers.get("etag")),
+                last_modified=_validator(headers.get("last-modified")),
+            )
     raise KBError(ErrorCode.LOAD_FAILED, f"{url} redirected more than {settings.KB_FETCH_MAX_REDIRECTS} times")
+
+
+def check_url(url: str) -> None:
+    """Refuse now what fetching ``url`` would refuse before connecting: a malformed URL, a scheme
+    other than http(s), a host that resolves to a private address. A name that does not resolve
+    yet is left for the fetch, which checks everything again (DNS answers change)."""
+    try:
+        _checked_target(url, malformed=ErrorCode.INVALID_URI)
+    except KBError as error:
+        if error.code != ErrorCode.LOAD_FAILED:
+            raise
 
 
 @dataclass(frozen=True)
@@ -415,7 +458,17 @@ class _DeadlineStream:
         return self._stream.get_extra_info(info)
 
 
-def _fetch_once(client, url: str, target: _Target, deadline: "_Deadline") -> str | tuple[bytes, str]:  # noqa: ANN001
+def _validator(value: str | None) -> str:
+    """An ETag or Last-Modified worth sending back: printable ASCII of a sane length, else none."""
+    if not value or len(value) > 500 or not value.isascii() or not value.isprintable():
+        return ""
+    return value
+
+
+def _fetch_once(
+    client: "httpx.Client", url: str, target: _Target, deadline: "_Deadline", conditions: dict[str, str]
+) -> "str | tuple[bytes, httpx.Headers] | None":
+    """A redirect's Location, the body and headers, or None for 304 Not Modified."""
     parts = urlsplit(url)
     literal = f"[{target.address}]" if ":" in target.address else target.address
     pinned = urlunsplit(parts._replace(netloc=f"{literal}:{target.port}"))
@@ -423,11 +476,14 @@ def _fetch_once(client, url: str, target: _Target, deadline: "_Deadline") -> str
     host = f"[{target.host}]" if ":" in target.host else target.host  # an IPv6 literal keeps its brackets
     host_header = host if target.port == default_port else f"{host}:{target.port}"
     request = client.build_request(
-        "GET", pinned, headers={"Host": host_header, "User-Agent": "kb-ingest/1.0", "Accept-Encoding": ENCODINGS},
+        "GET", pinned,
+        headers={"Host": host_header, "User-Agent": "kb-ingest/1.0", "Accept-Encoding": ENCODINGS, **conditions},
         extensions={"sni_hostname": target.host},
     )  # fmt: skip
     response = client.send(request, stream=True)
     try:
+        if response.status_code == 304 and conditions:
+            return None
         if response.is_redirect:
             location = response.headers.get("location")
             if not location:
@@ -435,7 +491,7 @@ def _fetch_once(client, url: str, target: _Target, deadline: "_Deadline") -> str
             return location
         if response.status_code >= 400:
             raise KBError(ErrorCode.LOAD_FAILED, f"{url} answered HTTP {response.status_code}")
-        return _read_limited(response, url, deadline), response.headers.get("content-type", "")
+        return _read_limited(response, url, deadline), response.headers
     finally:
         response.close()
 

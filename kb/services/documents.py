@@ -124,6 +124,20 @@ def document_save(
     return StoredDocument(document=document, outcome="created" if created else "updated", chunks_reused=reused)
 
 
+def document_keep_if_unchanged(
+    *, collection: Collection, source_uri: str, source_hash: str, metadata: dict[str, Any] | None = None
+) -> StoredDocument | None:
+    """The stored document of ``source_uri`` when it already holds this content (``metadata``
+    merged into it), else None: callers check this before parsing, so an unchanged file costs a
+    read and a hash, no parse, no chunking, no embedding."""
+    with transaction.atomic():
+        source_lock(collection=collection, source_uri=source_uri)
+        document = Document.objects.filter(
+            collection=collection, source_uri=source_uri, content_hash=source_hash
+        ).first()
+        return None if document is None else _unchanged(document, metadata)
+
+
 def source_lock(*, collection: Collection, source_uri: str) -> None:
     """Serialise every write to the document of one source until the transaction ends.
 

@@ -31,7 +31,13 @@ from kb.ingestion.sources import (
 from kb.models import Collection, Document, IngestRefusal
 from kb.selectors.documents import document_get
 from kb.services.collections import collection_get_or_create
-from kb.services.documents import StoredDocument, document_save, drafts_from_chunks, source_lock
+from kb.services.documents import (
+    StoredDocument,
+    document_keep_if_unchanged,
+    document_save,
+    drafts_from_chunks,
+    source_lock,
+)
 from kb.storable import check_storable
 from kb.work_lanes import bulk_work
 
@@ -232,6 +238,14 @@ def ingest_loaded(
     detected = detect_content_type(
         data=source.data, filename=source.filename, mime_type=source.mime_type, override=content_type
     )
+    digest = source_hash(source.data, detected)
+    metadata = {**source.metadata, **(metadata or {})}
+    if not force:
+        kept = document_keep_if_unchanged(
+            collection=collection, source_uri=source.source_uri, source_hash=digest, metadata=metadata
+        )
+        if kept is not None:
+            return kept
     parsed = parse(source.data, content_type=detected, filename=source.filename)
     if title:
         parsed = replace(parsed, title=title)
@@ -239,9 +253,9 @@ def ingest_loaded(
         collection=collection,
         source_uri=source.source_uri,
         parsed=parsed,
-        source_hash=source_hash(source.data, detected),
+        source_hash=digest,
         size_bytes=len(source.data),
-        metadata={**source.metadata, **(metadata or {})},
+        metadata=metadata,
         force=force,
     )
 

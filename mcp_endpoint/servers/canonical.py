@@ -10,7 +10,7 @@ import anyio
 from pydantic import Field, Strict, WithJsonSchema
 from typing_extensions import TypedDict
 
-from kb.errors import KBError
+from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import COLLECTION_NAME_PATTERN, MAX_TOP_K, DocumentStatusName, TokenScope
 from kb.search import Mode, search
@@ -24,10 +24,12 @@ from kb.selectors.documents import (
     document_list,
 )
 from kb.selectors.ingestion import STILL_EMBEDDING, ingestion_status, wait_until_searchable
+from kb.selectors.sources import SourceOut, SyncRunOut, source_list, sync_runs
 from kb.selectors.stats import Stats, kb_stats
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
 from kb.services.ingest import document_ingest
+from kb.services.sources import source_create, sync_start
 from mcp_endpoint.budget import fit_list, fit_texts
 from mcp_endpoint.caller import current_access, current_caller
 from mcp_endpoint.servers import prompts, resources
@@ -386,6 +388,96 @@ async def rag_ingestion_status(
     return progress
 
 
+SourceName = Annotated[str, Field(description="Source name, as given to rag_create_source")]
+
+
+@service_tool(TokenScope.WRITE)
+def rag_create_source(
+    name: Annotated[str, Field(description="Source name (letters, digits, '-' and '_')")],
+    collection: CollectionName,
+    folder: Annotated[str, Field(description="A folder under the server's KB_FILE_ROOTS; or give urls")] = "",
+    urls: Annotated[list[str] | None, Field(description="http(s) URLs to follow")] = None,
+    sitemap_url: Annotated[str, Field(description="A sitemap whose page URLs are followed too")] = "",
+    include: Annotated[list[str] | None, Field(description="Folders: globs a file must match, e.g. ['*.md']")] = None,
+    exclude: Annotated[list[str] | None, Field(description="Folders: globs of files to leave out")] = None,
+    recursive: Annotated[bool, Field(description="Folders: include subfolders")] = True,
+    interval_minutes: Annotated[
+        int | None, Field(ge=1, description="Sync on this schedule; omit to sync only when asked (rag_sync_start)")
+    ] = None,
+) -> SourceOut:
+    """Make a collection follow a folder or a list of URLs: each sync (rag_sync_start) ingests new and
+    changed files, leaves unchanged ones alone and removes documents whose file is gone."""
+    source = source_create(
+        collection=current_access().collection(collection),
+        name=name,
+        folder=folder,
+        urls=urls or [],
+        sitemap_url=sitemap_url,
+        include=include or [],
+        exclude=exclude or [],
+        recursive=recursive,
+        interval_minutes=interval_minutes,
+    )
+    return SourceOut.of(source)
+
+
+class SourcesOutput(TypedDict):
+    sources: list[SourceOut]
+    total: int
+
+
+@service_tool(TokenScope.READ)
+def rag_list_sources() -> SourcesOutput:
+    """The sources collections follow, with their schedule and last sync run."""
+    access = current_access()
+    sources = [SourceOut.of(source) for source in source_list() if access.can_see(source.collection.name)]
+    return SourcesOutput(sources=sources, total=len(sources))
+
+
+class SyncStartOutput(TypedDict):
+    job_id: str
+    started: bool
+    run: SyncRunOut
+
+
+@service_tool(TokenScope.WRITE)
+def rag_sync_start(source: SourceName) -> SyncStartOutput:
+    """Start syncing a source in the background and answer at once with its job_id (follow it with
+    rag_sync_status). If a sync of the source is already running, its job is returned (started: false)."""
+    start = sync_start(source=current_access().source(source))
+    return SyncStartOutput(job_id=start.run.pk, started=start.started, run=SyncRunOut.of(start.run))
+
+
+@service_tool(TokenScope.READ)
+def _sync_progress(job_id: str | None, source: str | None) -> SyncRunOut:
+    access = current_access()
+    if job_id is not None:
+        return SyncRunOut.of(access.sync_run(job_id))
+    if source is None:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "Give a job_id or a source")
+    runs = sync_runs(source=access.source(source), limit=1)
+    if not runs:
+        raise KBError(ErrorCode.NOT_FOUND, f"Source {source} has not synced yet")
+    return SyncRunOut.of(runs[0])
+
+
+async def rag_sync_status(
+    job_id: Annotated[str | None, Field(description="The job_id rag_sync_start returned")] = None,
+    source: Annotated[str | None, Field(description="Or: a source, for its latest run")] = None,
+    wait_seconds: Annotated[
+        float, Field(ge=0, le=120, description="Wait up to this long for the run to finish before answering")
+    ] = 0,
+) -> SyncRunOut:
+    """A sync run's status (queued, running, succeeded, failed) and counts: files found and processed,
+    added, updated, unchanged, removed, failed with reasons. Give wait_seconds to wait for it to finish."""
+    deadline = time.monotonic() + wait_seconds
+    progress = await _sync_progress(job_id, source)
+    while isinstance(progress, SyncRunOut) and not progress.done and time.monotonic() < deadline:
+        await anyio.sleep(POLL_SECONDS)
+        progress = await _sync_progress(job_id, source)
+    return progress
+
+
 def _collections_for_description() -> str:
     access = current_access()
     names = [f"{c.name} ({c.document_total} documents)" for c in collection_list() if access.can_see(c.name)]
@@ -415,6 +507,10 @@ TOOLS = [
     (rag_get_document, READ_ONLY),
     (rag_read_neighbors, READ_ONLY),
     (rag_ingestion_status, READ_ONLY),
+    (rag_create_source, FETCHING),
+    (rag_list_sources, READ_ONLY),
+    (rag_sync_start, FETCHING),
+    (rag_sync_status, READ_ONLY),
 ]
 
 

@@ -1,0 +1,517 @@
+"""Sources: a collection that follows a folder or a list of URLs, synced by one job per run.
+
+A sync compares every file (or URL) with what the collection holds: new and changed ones are
+ingested, identical ones cost a read and a hash (a URL a conditional GET), and the documents of
+files that are gone are removed, but only after a scan that completed: a folder that cannot be
+listed, a subdirectory that cannot be read or a sitemap that cannot be fetched removes nothing.
+What a source brought in is remembered (``SourceItem``), so documents ingested into the same
+collection by other means are never removed by it.
+
+Runs are rows (``SyncRun``): the database allows one queued or running run per source, a running
+run renews a lease, and each worker's sync step (config.celery) gives up runs whose lease
+expired (their worker died: nothing was removed), sends again the runs whose message was lost,
+and starts the syncs of sources that are due.
+"""
+
+import fnmatch
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, transaction
+from django.utils import timezone
+
+from kb.errors import ErrorCode, KBError
+from kb.ingestion.sources import (
+    LoadedSource,
+    SkippedSource,
+    check_url,
+    confine,
+    fetch_url,
+    fetch_url_if_changed,
+    file_path_of,
+    load_candidate,
+    walk_folder,
+)
+from kb.models import (
+    ACTIVE_SYNC_STATUSES,
+    SOURCE_NAME_MAX_LENGTH,
+    Collection,
+    Document,
+    Source,
+    SourceItem,
+    SourceKind,
+    SyncRun,
+    SyncStatus,
+    is_collection_name,
+)
+from kb.services.ingest import ingest_loaded, network_file_roots
+from kb.storable import check_storable
+from kb.task_queue import enqueue_sync
+from kb.work_lanes import bulk_work
+
+logger = logging.getLogger(__name__)
+
+MAX_GLOBS = 50
+MAX_GLOB_LENGTH = 200
+MAX_INTERVAL_MINUTES = 525_600  # a year
+FAILURES_KEPT = 100
+# A running run writes its counts and renews its lease at most this often.
+PROGRESS_SECONDS = 0.5
+
+
+def source_file_roots() -> list[Path]:
+    """The folders a source may follow: KB_FILE_ROOTS, for every door, since the worker reads them."""
+    return network_file_roots()
+
+
+# --- creating and changing sources ------------------------------------------------------------
+
+
+def source_create(
+    *,
+    collection: Collection,
+    name: str,
+    folder: str = "",
+    recursive: bool = True,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    urls: Sequence[str] = (),
+    sitemap_url: str = "",
+    interval_minutes: int | None = None,
+) -> Source:
+    """A folder under KB_FILE_ROOTS, or http(s) URLs and/or a sitemap, that ``collection`` follows.
+    With ``interval_minutes`` it syncs on that schedule, the first time at the workers' next step."""
+    fields = validate_source_fields(
+        name=name,
+        folder=folder,
+        recursive=recursive,
+        include=include,
+        exclude=exclude,
+        urls=urls,
+        sitemap_url=sitemap_url,
+        interval_minutes=interval_minutes,
+    )
+    try:
+        with transaction.atomic():
+            return Source.objects.create(collection=collection, next_sync_at=_first_sync(interval_minutes), **fields)
+    except IntegrityError:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"A source named {name!r} already exists") from None
+
+
+def source_update(*, source: Source, **changes: Any) -> Source:
+    """Change a source's scope or schedule (the same checks as ``source_create``); the next sync
+    follows the new scope and removes the documents the source no longer covers."""
+    current = {
+        "name": source.name,
+        "folder": source.folder,
+        "recursive": source.recursive,
+        "include": source.include,
+        "exclude": source.exclude,
+        "urls": source.urls,
+        "sitemap_url": source.sitemap_url,
+        "interval_minutes": source.interval_minutes,
+    }
+    unknown = set(changes) - set(current) - {"collection"}
+    if unknown:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"Sources have no field {sorted(unknown)[0]!r}")
+    collection = changes.pop("collection", source.collection)
+    fields = validate_source_fields(**{**current, **changes})
+    try:
+        with transaction.atomic():
+            locked = Source.objects.select_for_update().get(pk=source.pk)
+            if fields["interval_minutes"] != locked.interval_minutes:
+                locked.next_sync_at = _first_sync(fields["interval_minutes"])
+            if collection.pk != locked.collection_id:
+                locked.items.all().delete()  # what it brought to the other collection stays there
+            locked.collection = collection
+            for key, value in fields.items():
+                setattr(locked, key, value)
+            locked.save()
+            return locked
+    except IntegrityError:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"A source named {fields['name']!r} already exists") from None
+
+
+def source_delete(*, source: Source) -> None:
+    """Stop following the source; the documents it brought stay in the collection."""
+    Source.objects.filter(pk=source.pk).delete()
+
+
+def validate_source_fields(
+    *,
+    name: str,
+    folder: str,
+    recursive: bool,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    urls: Sequence[str],
+    sitemap_url: str,
+    interval_minutes: int | None,
+) -> dict[str, Any]:
+    """A source's fields as stored, or the KBError that says what is wrong (every door's check)."""
+    if not is_collection_name(name) or len(name) > SOURCE_NAME_MAX_LENGTH:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"Invalid source name {str(name)[:120]!r}: use letters, digits, '-' and '_' only "
+            f"(at most {SOURCE_NAME_MAX_LENGTH})",
+        )
+    folder = (folder or "").strip()
+    urls = _checked_urls(urls)
+    sitemap_url = (sitemap_url or "").strip()
+    if folder and (urls or sitemap_url):
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "A source follows a folder or URLs, not both")
+    if not (folder or urls or sitemap_url):
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "A source needs a folder, URLs or a sitemap URL")
+    if sitemap_url:
+        check_url(sitemap_url)
+    if interval_minutes is not None and not (
+        isinstance(interval_minutes, int) and 1 <= interval_minutes <= MAX_INTERVAL_MINUTES
+    ):
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT, f"interval_minutes must be between 1 and {MAX_INTERVAL_MINUTES}, or none"
+        )
+    return {
+        "name": name,
+        "kind": SourceKind.FOLDER if folder else SourceKind.URLS,
+        "folder": str(_checked_folder(folder)) if folder else "",
+        "recursive": bool(recursive),
+        "include": _checked_globs(include, "include"),
+        "exclude": _checked_globs(exclude, "exclude"),
+        "urls": urls,
+        "sitemap_url": sitemap_url,
+        "interval_minutes": interval_minutes,
+    }
+
+
+def _checked_folder(folder: str) -> Path:
+    if not source_file_roots():
+        raise KBError(
+            ErrorCode.INVALID_URI,
+            "Folder sources need KB_FILE_ROOTS: set it to the directories they may follow (the worker reads them too)",
+        )
+    path = confine(file_path_of(folder), source_file_roots())
+    if not path.is_dir():
+        raise KBError(ErrorCode.INVALID_URI, f"{folder} is not a folder")
+    return path
+
+
+def _checked_globs(globs: Sequence[str], what: str) -> list[str]:
+    if isinstance(globs, str) or not all(isinstance(glob, str) for glob in globs):
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"{what} must be a list of glob patterns")
+    cleaned = [glob.strip() for glob in globs if glob.strip()]
+    if len(cleaned) > MAX_GLOBS or any(len(glob) > MAX_GLOB_LENGTH for glob in cleaned):
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"{what}: at most {MAX_GLOBS} patterns of at most {MAX_GLOB_LENGTH} characters each",
+        )
+    check_storable(cleaned, what=what)
+    return cleaned
+
+
+def _checked_urls(urls: Sequence[str]) -> list[str]:
+    if isinstance(urls, str) or not all(isinstance(url, str) for url in urls):
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "urls must be a list of http(s) URLs")
+    unique = list(dict.fromkeys(url.strip() for url in urls if url.strip()))
+    if len(unique) > settings.KB_SOURCE_MAX_URLS:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"A source may follow at most {settings.KB_SOURCE_MAX_URLS} URLs (KB_SOURCE_MAX_URLS)",
+        )
+    for url in unique:
+        check_url(url)
+    return unique
+
+
+def _first_sync(interval_minutes: int | None) -> Any:
+    return timezone.now() if interval_minutes else None
+
+
+# --- starting runs ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SyncStart:
+    run: SyncRun
+    started: bool  # False: a run of the source was already queued or running; this is it
+
+
+def sync_start(*, source: Source, trigger: str = "manual") -> SyncStart:
+    """Queue a sync of ``source``, or return the one already queued or running (never two)."""
+    with transaction.atomic():
+        locked = Source.objects.select_for_update().get(pk=source.pk)
+        active = locked.runs.filter(status__in=ACTIVE_SYNC_STATUSES).first()
+        if active is not None:
+            return SyncStart(run=active, started=False)
+        run = SyncRun.objects.create(source=locked, trigger=trigger, lease_expires_at=_resend_deadline())
+        if locked.interval_minutes:
+            locked.next_sync_at = timezone.now() + timedelta(minutes=locked.interval_minutes)
+            locked.save(update_fields=["next_sync_at", "updated_at"])
+        enqueue_sync(run.pk)
+    return SyncStart(run=run, started=True)
+
+
+def sync_tick() -> None:
+    """A worker's periodic step: give up runs whose worker died, send again the runs whose task
+    message was lost, start the sources that are due. Every worker runs it; the row locks and the
+    one-active-run rule make that safe."""
+    now = timezone.now()
+    SyncRun.objects.filter(status=SyncStatus.RUNNING, lease_expires_at__lt=now).update(
+        status=SyncStatus.FAILED,
+        error="The worker running this sync stopped before it finished; nothing was removed",
+        finished_at=now,
+        lease_expires_at=None,
+    )
+    for run_id in SyncRun.objects.filter(status=SyncStatus.QUEUED, lease_expires_at__lt=now).values_list(
+        "pk", flat=True
+    ):
+        SyncRun.objects.filter(pk=run_id, status=SyncStatus.QUEUED).update(lease_expires_at=_resend_deadline())
+        enqueue_sync(run_id)
+    for source in Source.objects.filter(interval_minutes__isnull=False, next_sync_at__lte=now):
+        with transaction.atomic():
+            due = Source.objects.select_for_update(skip_locked=True).filter(pk=source.pk, next_sync_at__lte=now)
+            if due.exists():
+                sync_start(source=source, trigger="schedule")
+
+
+def _resend_deadline() -> Any:
+    """When a run still queued counts as having lost its task message."""
+    return timezone.now() + timedelta(seconds=settings.KB_SYNC_LEASE_SECONDS * 5)
+
+
+# --- running a sync -----------------------------------------------------------------------------
+
+
+class _RunTakenAway(Exception):
+    """The run's lease expired and it was given up while this worker still worked on it."""
+
+
+@dataclass
+class _Scan:
+    """What a sync found: the items to compare, and whether the listing was complete."""
+
+    candidates: list[Any]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems
+
+
+class _Progress:
+    """A running run's counts, written to its row (and its lease renewed) every PROGRESS_SECONDS."""
+
+    def __init__(self, run: SyncRun) -> None:
+        self.run = run
+        self._written = 0.0
+
+    def count(self, outcome: str, uri: str = "", error: KBError | None = None) -> None:
+        setattr(self.run, outcome, getattr(self.run, outcome) + 1)
+        if outcome == "failed" and error is not None and len(self.run.failures) < FAILURES_KEPT:
+            self.run.failures.append({"uri": uri, "code": str(error.code), "message": error.message[:500]})
+
+    def item_done(self) -> None:
+        self.run.processed += 1
+        if time.monotonic() - self._written >= PROGRESS_SECONDS:
+            self.write()
+
+    def write(self, **final: Any) -> None:
+        fields = ["total", "processed", "added", "updated", "unchanged", "removed", "skipped", "failed", "failures"]
+        values = {name: getattr(self.run, name) for name in fields}
+        lease = timezone.now() + timedelta(seconds=settings.KB_SYNC_LEASE_SECONDS)
+        written = SyncRun.objects.filter(pk=self.run.pk, status=SyncStatus.RUNNING).update(
+            **values, lease_expires_at=None if final else lease, **final
+        )
+        if not written:
+            raise _RunTakenAway()
+        self._written = time.monotonic()
+
+
+def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
+    """Run a queued sync (the worker's task): None when it is not queued any more (another
+    worker has it, or it finished)."""
+    now = timezone.now()
+    claimed = SyncRun.objects.filter(pk=run_id, status=SyncStatus.QUEUED).update(
+        status=SyncStatus.RUNNING,
+        started_at=now,
+        worker=worker[:255],
+        lease_expires_at=now + timedelta(seconds=settings.KB_SYNC_LEASE_SECONDS),
+    )
+    if not claimed:
+        return None
+    run = SyncRun.objects.select_related("source__collection").get(pk=run_id)
+    progress = _Progress(run)
+    try:
+        with bulk_work():
+            _sync(run.source, progress)
+    except _RunTakenAway:
+        logger.warning("sync run %s was given up while it ran (its lease expired)", run_id)
+        return SyncRun.objects.get(pk=run_id)
+    except KBError as error:  # the scan could not start: the folder is gone, outside the roots...
+        run.error = error.message
+    except DatabaseError:
+        raise  # the database may be gone: the lease expires and the next sync step gives the run up
+    except Exception as error:
+        logger.exception("sync run %s failed unexpectedly", run_id)
+        run.error = f"Internal error: {error!r}; nothing was removed"
+    status = SyncStatus.SUCCEEDED if not run.error else SyncStatus.FAILED
+    progress.write(status=status, error=run.error, finished_at=timezone.now())
+    run.refresh_from_db()
+    return run
+
+
+def _sync(source: Source, progress: _Progress) -> None:
+    run = progress.run
+    scan = _scan_folder(source) if source.kind == SourceKind.FOLDER else _scan_urls(source)
+    run.total = len(scan.candidates)
+    progress.write()
+    items = {item.uri: item for item in source.items.all()}
+    seen: set[str] = set()
+    for candidate in scan.candidates:
+        if source.kind == SourceKind.FOLDER:
+            seen.update(_sync_file(source, candidate, items, progress))
+        else:
+            seen.add(_sync_url(source, candidate, items, progress))
+        progress.item_done()
+    if not scan.complete:
+        run.error = f"{scan.problems[0]}; nothing was removed" + (
+            f" ({len(scan.problems) - 1} more problems)" if len(scan.problems) > 1 else ""
+        )
+        return
+    gone = [uri for uri in items if uri not in seen]
+    with transaction.atomic():
+        Document.objects.filter(collection=source.collection, source_uri__in=gone).delete()
+        SourceItem.objects.filter(source=source, uri__in=gone).delete()
+    run.removed = len(gone)
+
+
+def _scan_folder(source: Source) -> _Scan:
+    folder = confine(Path(source.folder), source_file_roots())  # the roots may have changed since
+    problems: list[str] = []
+
+    def unreadable(error: OSError) -> None:
+        problems.append(f"Cannot list {error.filename}: {error.strerror}")
+
+    candidates = [
+        path
+        for path in walk_folder(folder, recursive=source.recursive, on_error=unreadable)
+        if _selected(path.relative_to(folder), source.include, source.exclude)
+    ]
+    return _Scan(candidates=candidates, problems=problems)
+
+
+def _selected(relative: Path, include: Sequence[str], exclude: Sequence[str]) -> bool:
+    """Whether a file's path relative to the folder passes the globs. A pattern matches the whole
+    relative path (``*`` crosses folders: ``docs/*``, ``*/drafts/*``) or, without a ``/``, the
+    file name alone (``*.md``)."""
+    path = PurePosixPath(relative).as_posix()
+
+    def matches(pattern: str) -> bool:
+        whole = fnmatch.fnmatchcase(path, pattern)
+        return whole or ("/" not in pattern and fnmatch.fnmatchcase(relative.name, pattern))
+
+    return (not include or any(map(matches, include))) and not any(map(matches, exclude))
+
+
+def _sync_file(source: Source, path: Path, items: dict[str, SourceItem], progress: _Progress) -> set[str]:
+    """Ingest one file if it is new or changed; the URIs it accounts for."""
+    loaded = load_candidate(path, roots=source_file_roots())
+    if isinstance(loaded, SkippedSource):
+        # A file that could not be read is still there: its document must not be removed.
+        progress.count("skipped" if loaded.unsupported else "failed", loaded.source_uri, loaded.error)
+        return {loaded.source_uri, Path(os.path.realpath(path)).as_uri()}
+    _ingest(source, loaded, items, progress)
+    return {loaded.source_uri}
+
+
+def _sync_url(source: Source, url: str, items: dict[str, SourceItem], progress: _Progress) -> str:
+    item = items.get(url)
+    held = Document.objects.filter(collection=source.collection, source_uri=url).exists()
+    try:
+        if item is not None and held:
+            loaded = fetch_url_if_changed(url, etag=item.etag, last_modified=item.last_modified)
+        else:
+            loaded = fetch_url(url)
+    except KBError as error:
+        progress.count("failed", url, error)
+        return url
+    if loaded is None:
+        progress.count("unchanged")
+        return url
+    _ingest(source, loaded, items, progress)
+    return url
+
+
+OUTCOME_COUNTERS = {"created": "added", "updated": "updated", "unchanged": "unchanged"}
+
+
+def _ingest(source: Source, loaded: LoadedSource, items: dict[str, SourceItem], progress: _Progress) -> None:
+    try:
+        stored = ingest_loaded(collection=source.collection, source=loaded)
+    except KBError as error:
+        progress.count("failed", loaded.source_uri, error)
+        return
+    progress.count(OUTCOME_COUNTERS[stored.outcome])
+    item = items.get(loaded.source_uri)
+    if item is None:
+        items[loaded.source_uri] = SourceItem.objects.create(
+            source=source, uri=loaded.source_uri, etag=loaded.etag, last_modified=loaded.last_modified
+        )
+    elif (item.etag, item.last_modified) != (loaded.etag, loaded.last_modified):
+        item.etag, item.last_modified = loaded.etag, loaded.last_modified
+        item.save(update_fields=["etag", "last_modified"])
+
+
+def _scan_urls(source: Source) -> _Scan:
+    urls = list(source.urls)
+    problems: list[str] = []
+    if source.sitemap_url:
+        try:
+            urls.extend(sitemap_urls(source.sitemap_url))
+        except KBError as error:
+            problems.append(f"The sitemap could not be read: {error.message}")
+    unique = list(dict.fromkeys(urls))
+    if len(unique) > settings.KB_SOURCE_MAX_URLS:
+        problems.append(f"More than {settings.KB_SOURCE_MAX_URLS} URLs (KB_SOURCE_MAX_URLS); the rest were not synced")
+    return _Scan(candidates=unique[: settings.KB_SOURCE_MAX_URLS], problems=problems)
+
+
+SITEMAP_NAMESPACE = "{http://www.sitemaps.org/schemas/sitemap/0.9}"
+
+
+def sitemap_urls(url: str) -> list[str]:
+    """The http(s) page URLs of a sitemap (``<urlset>``), or of the sitemaps a sitemap index lists
+    (one level), at most KB_SOURCE_MAX_URLS + 1 of them. Fetched with ingestion's guards; parsed
+    without entities, DTDs or network access."""
+    limit = settings.KB_SOURCE_MAX_URLS + 1
+    kind, locations = _sitemap_locations(url)
+    if kind != "sitemapindex":
+        return locations[:limit]
+    pages: list[str] = []
+    for nested in locations:
+        if len(pages) >= limit:
+            break
+        _nested_kind, nested_pages = _sitemap_locations(nested)
+        pages.extend(nested_pages if _nested_kind == "urlset" else [])
+    return pages[:limit]
+
+
+def _sitemap_locations(url: str) -> tuple[str, list[str]]:
+    from lxml import etree
+
+    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
+    try:
+        root = etree.fromstring(fetch_url(url).data, parser=parser)
+    except etree.XMLSyntaxError as error:
+        raise KBError(ErrorCode.LOAD_FAILED, f"{url} is not a sitemap: {error}") from None
+    kind = etree.QName(root).localname
+    if kind not in ("urlset", "sitemapindex"):
+        raise KBError(ErrorCode.LOAD_FAILED, f"{url} is not a sitemap (its root element is <{kind}>)")
+    locations = ((element.text or "").strip() for element in root.iter(f"{SITEMAP_NAMESPACE}loc", "loc"))
+    return kind, [location for location in locations if location.startswith(("http://", "https://"))]
