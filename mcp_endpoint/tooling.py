@@ -35,6 +35,8 @@ CREATING = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempot
 DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False)
 # Ingestion may fetch http(s) URLs: the tool reaches beyond the knowledge base.
 FETCHING = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=True)
+# A sync fetches, and removes the documents whose file or URL is gone.
+SYNCING = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=True)
 
 
 # Each tool thread keeps its own database connection (CONN_MAX_AGE): opening one costs ~13 ms

@@ -54,6 +54,7 @@ from mcp_endpoint.tooling import (
     DESTRUCTIVE,
     FETCHING,
     READ_ONLY,
+    SYNCING,
     KBServer,
     in_thread,
     service_tool,
@@ -507,9 +508,9 @@ TOOLS = [
     (rag_get_document, READ_ONLY),
     (rag_read_neighbors, READ_ONLY),
     (rag_ingestion_status, READ_ONLY),
-    (rag_create_source, FETCHING),
+    (rag_create_source, CREATING),
     (rag_list_sources, READ_ONLY),
-    (rag_sync_start, FETCHING),
+    (rag_sync_start, SYNCING),
     (rag_sync_status, READ_ONLY),
 ]
 
