@@ -171,9 +171,8 @@ def validate_source_fields(
         raise KBError(ErrorCode.INVALID_ARGUMENT, "A source needs a folder, URLs or a sitemap URL")
     if sitemap_url:
         check_url(sitemap_url)
-    if interval_minutes is not None and not (
-        isinstance(interval_minutes, int) and 1 <= interval_minutes <= MAX_INTERVAL_MINUTES
-    ):
+    whole_minutes = isinstance(interval_minutes, int) and not isinstance(interval_minutes, bool)
+    if interval_minutes is not None and not (whole_minutes and 1 <= interval_minutes <= MAX_INTERVAL_MINUTES):
         raise KBError(
             ErrorCode.INVALID_ARGUMENT, f"interval_minutes must be between 1 and {MAX_INTERVAL_MINUTES}, or none"
         )
@@ -246,13 +245,13 @@ def sync_start(*, source: Source, trigger: str = "manual") -> SyncStart:
     """Queue a sync of ``source``, or return the one already queued or running (never two)."""
     with transaction.atomic():
         locked = Source.objects.select_for_update().get(pk=source.pk)
+        if locked.interval_minutes:  # the schedule counts from the latest sync asked for, whoever asked
+            locked.next_sync_at = timezone.now() + timedelta(minutes=locked.interval_minutes)
+            locked.save(update_fields=["next_sync_at", "updated_at"])
         active = locked.runs.filter(status__in=ACTIVE_SYNC_STATUSES).first()
         if active is not None:
             return SyncStart(run=active, started=False)
         run = SyncRun.objects.create(source=locked, trigger=trigger, lease_expires_at=_resend_deadline())
-        if locked.interval_minutes:
-            locked.next_sync_at = timezone.now() + timedelta(minutes=locked.interval_minutes)
-            locked.save(update_fields=["next_sync_at", "updated_at"])
         enqueue_sync(run.pk)
     return SyncStart(run=run, started=True)
 
@@ -347,26 +346,38 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
         return None
     run = SyncRun.objects.select_related("source__collection").get(pk=run_id)
     progress = _Progress(run)
+    gone: list[str] = []
     try:
         with bulk_work():
-            _sync(run.source, progress)
+            gone = _sync(run.source, progress)
     except _RunTakenAway:
-        logger.warning("sync run %s was given up while it ran (its lease expired)", run_id)
-        return SyncRun.objects.get(pk=run_id)
+        return _given_up(run_id)
     except KBError as error:  # the scan could not start: the folder is gone, outside the roots...
-        run.error = error.message
+        run.error = f"{error.message}; nothing was removed"
     except DatabaseError:
         raise  # the database may be gone: the lease expires and the next sync step gives the run up
     except Exception as error:
         logger.exception("sync run %s failed unexpectedly", run_id)
         run.error = f"Internal error: {error!r}; nothing was removed"
-    status = SyncStatus.SUCCEEDED if not run.error else SyncStatus.FAILED
-    progress.write(status=status, error=run.error, finished_at=timezone.now())
+    try:
+        # Removal and the run's end commit together: a run given up meanwhile removes nothing.
+        with transaction.atomic():
+            run.removed = _remove(run.source, gone)
+            status = SyncStatus.SUCCEEDED if not run.error else SyncStatus.FAILED
+            progress.write(status=status, error=run.error, finished_at=timezone.now())
+    except _RunTakenAway:
+        return _given_up(run_id)
     run.refresh_from_db()
     return run
 
 
-def _sync(source: Source, progress: _Progress) -> None:
+def _given_up(run_id: str) -> SyncRun:
+    logger.warning("sync run %s was given up while it ran (its lease expired); it removed nothing", run_id)
+    return SyncRun.objects.get(pk=run_id)
+
+
+def _sync(source: Source, progress: _Progress) -> list[str]:
+    """Compare and ingest every item the scan finds; the URIs to remove (none unless the scan completed)."""
     run = progress.run
     scan = _scan_folder(source) if source.kind == SourceKind.FOLDER else _scan_urls(source)
     run.total = len(scan.candidates)
@@ -383,12 +394,14 @@ def _sync(source: Source, progress: _Progress) -> None:
         run.error = f"{scan.problems[0]}; nothing was removed" + (
             f" ({len(scan.problems) - 1} more problems)" if len(scan.problems) > 1 else ""
         )
-        return
-    gone = [uri for uri in items if uri not in seen]
-    with transaction.atomic():
-        Document.objects.filter(collection=source.collection, source_uri__in=gone).delete()
-        SourceItem.objects.filter(source=source, uri__in=gone).delete()
-    run.removed = len(gone)
+        return []
+    return [uri for uri in items if uri not in seen]
+
+
+def _remove(source: Source, gone: list[str]) -> int:
+    Document.objects.filter(collection=source.collection, source_uri__in=gone).delete()
+    SourceItem.objects.filter(source=source, uri__in=gone).delete()
+    return len(gone)
 
 
 def _scan_folder(source: Source) -> _Scan:
