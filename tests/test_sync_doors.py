@@ -52,7 +52,7 @@ def roots(tmp_path: Path, settings) -> Path:
 
 
 def write_handbook(folder: Path) -> Path:
-    """Two markdown files, one text file the include glob leaves out, one in a subfolder."""
+    """Two markdown files, and a text file that the include glob ``*.md`` leaves out."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "guide.md").write_text(GUIDE)
     (folder / "tides.md").write_text(TIDES)
@@ -74,9 +74,7 @@ def outside(tmp_path_factory) -> Path:
 
 
 def make_source(collection: str, folder: Path, name: str = "handbook") -> Source:
-    return source_create(
-        collection=collection_create(name=collection), name=name, folder=str(folder), include=["*.md"]
-    )
+    return source_create(collection=collection_create(name=collection), name=name, folder=str(folder), include=["*.md"])
 
 
 def run_now(run_id: str) -> SyncRun:
@@ -307,7 +305,7 @@ def test_rest_a_failed_run_says_why_and_removes_nothing(client, handbook):
     run_now(job_id)
     failed = get(client, f"/api/sync-runs/{job_id}").json()
     assert (failed["status"], failed["done"], failed["removed"]) == ("failed", True, 0)
-    assert failed["error"]
+    assert "No such file or directory" in failed["error"] and failed["error"].endswith("nothing was removed")
     assert Document.objects.filter(collection__name="docs").count() == 2
 
 
@@ -319,7 +317,9 @@ def test_rest_a_failed_run_says_why_and_removes_nothing(client, handbook):
 def test_mcp_a_source_is_created_synced_and_followed(handbook):
     collection_create(name="docs")
     created = call_ok(
-        SERVER, "rag_create_source", {"name": "handbook", "collection": "docs", "folder": str(handbook), "include": ["*.md"]}
+        SERVER,
+        "rag_create_source",
+        {"name": "handbook", "collection": "docs", "folder": str(handbook), "include": ["*.md"]},
     )
     assert (created["name"], created["collection"], created["kind"], created["include"]) == (
         "handbook", "docs", "folder", ["*.md"]
@@ -511,7 +511,9 @@ def test_kb_sync_adds_lists_runs_and_removes_sources(handbook):
     collection_create(name="docs")
     out, _ = kb_sync("add", "handbook", "--collection", "docs", "--folder", str(handbook), "--include", "*.md")
     assert out.strip() == "Created source handbook for collection docs (on demand)."
-    out, _ = kb_sync("add", "web", "--collection", "docs", "--url", PUBLIC_URL, "--url", PUBLIC_URL + "2", "--every", "15")
+    out, _ = kb_sync(
+        "add", "web", "--collection", "docs", "--url", PUBLIC_URL, "--url", PUBLIC_URL + "2", "--every", "15"
+    )
     assert out.strip() == "Created source web for collection docs (every 15 minutes)."
     web = Source.objects.get(name="web")
     assert (web.kind, web.urls, web.interval_minutes) == ("urls", [PUBLIC_URL, PUBLIC_URL + "2"], 15)
@@ -555,18 +557,21 @@ def test_kb_sync_adds_lists_runs_and_removes_sources(handbook):
 @pytest.mark.django_db
 def test_kb_sync_errors_are_command_errors_with_their_code(handbook, outside):
     collection_create(name="docs")
-    with pytest.raises(CommandError, match="^INVALID_URI: .*KB_FILE_ROOTS"):
+    with pytest.raises(CommandError, match=r"^INVALID_URI: .*KB_FILE_ROOTS"):
         kb_sync("add", "secret", "--collection", "docs", "--folder", str(outside))
-    with pytest.raises(CommandError, match="^COLLECTION_NOT_FOUND: "):
+    with pytest.raises(CommandError, match=r"^COLLECTION_NOT_FOUND: "):
         kb_sync("add", "handbook", "--collection", "nope", "--folder", str(handbook))
-    with pytest.raises(CommandError, match="^INVALID_ARGUMENT: A source follows a folder or URLs, not both"):
+    with pytest.raises(CommandError, match=r"^INVALID_ARGUMENT: A source follows a folder or URLs, not both"):
         kb_sync("add", "handbook", "--collection", "docs", "--folder", str(handbook), "--url", PUBLIC_URL)
     assert not Source.objects.exists()
-    for args in (("run", "nope"), ("status", "nope"), ("remove", "nope"), ("status", MISSING_RUN)):
-        with pytest.raises(CommandError, match="^NOT_FOUND: Source not found: "):
+    for args in (("run", "nope"), ("remove", "nope")):
+        with pytest.raises(CommandError, match=r"^NOT_FOUND: Source not found: nope$"):
             kb_sync(*args)
+    for name_or_job_id in ("nope", MISSING_RUN):
+        with pytest.raises(CommandError, match=rf"^NOT_FOUND: No sync run or source is called {name_or_job_id}$"):
+            kb_sync("status", name_or_job_id)
     kb_sync("add", "handbook", "--collection", "docs", "--folder", str(handbook))
-    with pytest.raises(CommandError, match="^Source handbook has not synced yet$"):
+    with pytest.raises(CommandError, match=r"^Source handbook has not synced yet$"):
         kb_sync("status", "handbook")
 
 
@@ -757,7 +762,14 @@ def test_admin_sync_now_needs_the_change_permission(handbook):
     assert SyncRun.objects.filter(source=source, status="queued").count() == 1
 
 
-# --- text Postgres cannot store, at every door (product bug: see the module's report) -------------
+# --- known product bugs: these tests fail until they are fixed ---------------------------------
+#
+# 1. validate_source_fields (kb/services/sources.py) never checks that the folder (as resolved), the
+#    URLs and the sitemap URL are text Postgres can store (kb.storable.check_storable, as it does for
+#    the globs): a lone surrogate (a folder whose name is not UTF-8, or "\udcff" in JSON) reaches the
+#    database and every door answers an internal error instead of a 400 with a code.
+# 2. SourceCreateIn.interval_minutes (kb/api/schemas.py) is a lax int: REST turns ``true`` into 1
+#    minute before the service, which refuses booleans, can see it.
 
 
 @pytest.fixture
@@ -770,7 +782,7 @@ def non_utf8_folder(handbook: Path) -> Path:
     return folder
 
 
-@pytest.mark.django_db
+@committed_db  # with the other transactional tests, after the rest: under -x the rest all run first
 @pytest.mark.parametrize("field", ["folder", "urls", "sitemap_url"])
 def test_rest_source_text_postgres_cannot_store_is_400_not_500(field, non_utf8_folder):
     collection_create(name="docs")
@@ -783,8 +795,8 @@ def test_rest_source_text_postgres_cannot_store_is_400_not_500(field, non_utf8_f
     response = answering.post(
         "/api/sources", {"name": "cafe", "collection": "docs", field: value}, content_type="application/json"
     )
-    status, code = error_of(response) if response["Content-Type"].startswith("application/json") else (response.status_code, "")
-    assert (status, code in ("INVALID_ARGUMENT", "INVALID_URI")) == (400, True), (status, code, response.content[:300])
+    assert response.status_code == 400, (response.status_code, response.content[:300])
+    assert error_of(response)[1] in ("INVALID_ARGUMENT", "INVALID_URI")
     assert not Source.objects.exists()
 
 
@@ -796,6 +808,26 @@ def test_mcp_and_kb_sync_refuse_a_folder_postgres_cannot_store_with_an_error_cod
     assert result.is_error
     assert result.content[0].text.startswith('{"error"'), result.content[0].text
     assert mcp_error_of(result)["code"] in ("INVALID_ARGUMENT", "INVALID_URI")
-    with pytest.raises(CommandError, match="^INVALID_(ARGUMENT|URI): "):
+    with pytest.raises(CommandError, match=r"^INVALID_(ARGUMENT|URI): "):
         kb_sync("add", "cafe", "--collection", "docs", "--folder", str(non_utf8_folder))
+    assert not Source.objects.exists()
+
+
+@committed_db
+@pytest.mark.usefixtures("tool_threads")
+def test_a_boolean_interval_is_refused_at_every_door(client, handbook):
+    """The service refuses interval_minutes=True (it is not a number of minutes); MCP takes its
+    arguments strictly. REST must not turn ``true`` into 1 minute before the service sees it."""
+    collection_create(name="docs")
+    mcp = call(
+        SERVER,
+        "rag_create_source",
+        {"name": "m", "collection": "docs", "folder": str(handbook), "interval_minutes": True},
+    )
+    assert mcp_error_of(mcp)["code"] == "INVALID_ARGUMENT"
+    rest = post(
+        client, "/api/sources", {"name": "r", "collection": "docs", "folder": str(handbook), "interval_minutes": True}
+    )
+    assert rest.status_code == 400, rest.json()
+    assert error_of(rest) == (400, "INVALID_ARGUMENT")
     assert not Source.objects.exists()

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Path, Schema
-from pydantic import ConfigDict, Field, Json, field_validator
+from pydantic import ConfigDict, Field, Json, StrictBool, StrictInt, field_validator
 
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import (
@@ -487,12 +487,12 @@ class SourceCreateIn(InputSchema):
     name: str = Field(description="Letters, digits, '-' and '_'", examples=["handbook"])
     collection: str = Field(description="The collection the source keeps in sync")
     folder: str = Field("", description="A folder under KB_FILE_ROOTS (file:// URI or path); or give urls")
-    recursive: bool = Field(True, description="Folders: include subfolders")
+    recursive: StrictBool = Field(True, description="Folders: include subfolders")
     include: list[str] = Field([], description="Folders: globs a file must match, e.g. ['*.md', 'docs/*']")
     exclude: list[str] = Field([], description="Folders: globs of files to leave out")
     urls: list[str] = Field([], description="http(s) URLs to follow")
     sitemap_url: str = Field("", description="A sitemap whose page URLs are followed too")
-    interval_minutes: int | None = Field(None, description="Sync on this schedule; omit for on demand only")
+    interval_minutes: StrictInt | None = Field(None, description="Sync on this schedule; omit for on demand only")
 
 
 class SourceListOut(Schema):

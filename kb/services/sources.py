@@ -163,8 +163,9 @@ def validate_source_fields(
             f"(at most {SOURCE_NAME_MAX_LENGTH})",
         )
     folder = (folder or "").strip()
-    urls = _checked_urls(urls)
     sitemap_url = (sitemap_url or "").strip()
+    check_storable([folder, sitemap_url], what="folder and sitemap URL")
+    urls = _checked_urls(urls)
     if folder and (urls or sitemap_url):
         raise KBError(ErrorCode.INVALID_ARGUMENT, "A source follows a folder or URLs, not both")
     if not (folder or urls or sitemap_url):
@@ -198,6 +199,7 @@ def _checked_folder(folder: str) -> Path:
     path = confine(file_path_of(folder), source_file_roots())
     if not path.is_dir():
         raise KBError(ErrorCode.INVALID_URI, f"{folder} is not a folder")
+    check_storable(str(path), what="folder")  # its real path, which links may name differently
     return path
 
 
@@ -218,6 +220,7 @@ def _checked_urls(urls: Sequence[str]) -> list[str]:
     if isinstance(urls, str) or not all(isinstance(url, str) for url in urls):
         raise KBError(ErrorCode.INVALID_ARGUMENT, "urls must be a list of http(s) URLs")
     unique = list(dict.fromkeys(url.strip() for url in urls if url.strip()))
+    check_storable(unique, what="urls")
     if len(unique) > settings.KB_SOURCE_MAX_URLS:
         raise KBError(
             ErrorCode.INVALID_ARGUMENT,

@@ -110,7 +110,10 @@ class Command(KBCommand):
         try:
             run = sync_run_get(run_id=name_or_job_id)
         except KBError:  # not a job id: a source's name
-            latest = source_get(name=name_or_job_id).runs.first()
+            try:
+                latest = source_get(name=name_or_job_id).runs.first()
+            except KBError as error:
+                raise KBError(error.code, f"No sync run or source is called {name_or_job_id}") from None
             if latest is None:
                 raise CommandError(f"Source {name_or_job_id} has not synced yet") from None
             run = latest
