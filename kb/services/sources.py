@@ -16,6 +16,7 @@ and starts the syncs of sources that are due.
 import fnmatch
 import logging
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.utils import timezone
 
 from kb.errors import ErrorCode, KBError
@@ -306,11 +307,42 @@ class _Scan:
         return not self.problems
 
 
-class _Progress:
-    """A running run's counts, written to its row (and its lease renewed) every PROGRESS_SECONDS."""
+class _LeaseKeeper(threading.Thread):
+    """Renews a running run's lease every third of KB_SYNC_LEASE_SECONDS while the run works, however
+    long one step takes (a slow fetch, a sitemap index, a large parse): only a dead worker's lease
+    runs out. Notices when the run was given up, so the run stops at its next item."""
 
-    def __init__(self, run: SyncRun) -> None:
+    def __init__(self, run_id: str) -> None:
+        super().__init__(name=f"sync-lease-{run_id}", daemon=True)
+        self.run_id = run_id
+        self.taken_away = False
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        interval = settings.KB_SYNC_LEASE_SECONDS / 3
+        try:
+            while not self._stopping.wait(interval):
+                lease = timezone.now() + timedelta(seconds=settings.KB_SYNC_LEASE_SECONDS)
+                renewed = SyncRun.objects.filter(pk=self.run_id, status=SyncStatus.RUNNING).update(
+                    lease_expires_at=lease
+                )
+                self.taken_away = not renewed
+        except DatabaseError:
+            logger.warning("could not renew the lease of sync run %s", self.run_id, exc_info=True)
+        finally:
+            connections.close_all()  # this thread's own connection
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join()
+
+
+class _Progress:
+    """A running run's counts, written to its row every PROGRESS_SECONDS."""
+
+    def __init__(self, run: SyncRun, lease: _LeaseKeeper) -> None:
         self.run = run
+        self.lease = lease
         self._written = 0.0
 
     def count(self, outcome: str, uri: str = "", error: KBError | None = None) -> None:
@@ -320,16 +352,17 @@ class _Progress:
 
     def item_done(self) -> None:
         self.run.processed += 1
+        if self.lease.taken_away:
+            raise _RunTakenAway()
         if time.monotonic() - self._written >= PROGRESS_SECONDS:
             self.write()
 
     def write(self, **final: Any) -> None:
         fields = ["total", "processed", "added", "updated", "unchanged", "removed", "skipped", "failed", "failures"]
         values = {name: getattr(self.run, name) for name in fields}
-        lease = timezone.now() + timedelta(seconds=settings.KB_SYNC_LEASE_SECONDS)
-        written = SyncRun.objects.filter(pk=self.run.pk, status=SyncStatus.RUNNING).update(
-            **values, lease_expires_at=None if final else lease, **final
-        )
+        if final:
+            values["lease_expires_at"] = None
+        written = SyncRun.objects.filter(pk=self.run.pk, status=SyncStatus.RUNNING).update(**values, **final)
         if not written:
             raise _RunTakenAway()
         self._written = time.monotonic()
@@ -348,8 +381,10 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
     if not claimed:
         return None
     run = SyncRun.objects.select_related("source__collection").get(pk=run_id)
-    progress = _Progress(run)
+    keeper = _LeaseKeeper(run_id)
+    progress = _Progress(run, keeper)
     gone: list[str] = []
+    keeper.start()
     try:
         with bulk_work():
             gone = _sync(run.source, progress)
@@ -362,6 +397,8 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
     except Exception as error:
         logger.exception("sync run %s failed unexpectedly", run_id)
         run.error = f"Internal error: {error!r}; nothing was removed"
+    finally:
+        keeper.stop()
     try:
         # Removal and the run's end commit together: a run given up meanwhile removes nothing.
         with transaction.atomic():
