@@ -195,8 +195,9 @@ KB_INTERACTIVE_MAX_CHUNKS = env_int("KB_INTERACTIVE_MAX_CHUNKS", 64, minimum=0)
 # How long a write over MCP (or the REST API with wait=true) waits for its chunks to be searchable
 # by meaning before it answers with the document's status (0: answer at once).
 KB_WRITE_WAIT_SECONDS = env_float("KB_WRITE_WAIT_SECONDS", 30.0, minimum=0.0, maximum=600.0)
-# How often the worker looks for documents left pending/processing by a dead worker or a lost message.
-KB_SWEEP_INTERVAL_SECONDS = env_int("KB_SWEEP_INTERVAL_SECONDS", 60, minimum=5)
+# How often the worker looks for documents left pending/processing by a dead worker, a lost message or
+# a message the broker did not take (it was down); a worker also sweeps each time it (re)connects.
+KB_SWEEP_INTERVAL_SECONDS = env_int("KB_SWEEP_INTERVAL_SECONDS", 10, minimum=1)
 # How often each worker starts the syncs of sources that are due (kb.services.sources) and gives
 # up runs whose worker died. A worker step, not Celery beat: `make run` keeps one process fewer.
 KB_SYNC_TICK_SECONDS = env_int("KB_SYNC_TICK_SECONDS", 30, minimum=1)

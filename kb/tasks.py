@@ -10,10 +10,12 @@ import logging
 from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError
+from kombu.exceptions import KombuError
 
 from kb.embedding_providers import EmbeddingError
 from kb.errors import ErrorCode, KBError
 from kb.services import embedding_pipeline, model_switch, sources
+from kb.task_queue import documents_due_now
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +103,13 @@ def sync_source(self, run_id: str) -> str:  # noqa: ANN001 - Celery's bound task
 def sweep_stale_documents() -> int:
     """Send again the documents whose message was lost or whose worker died."""
     ids = embedding_pipeline.documents_needing_embedding()
-    for document_id in ids:
-        embed_document.delay(document_id)  # the bulk lane: nobody is waiting any more
+    for position, document_id in enumerate(ids):
+        try:
+            embed_document.delay(document_id)  # the bulk lane: nobody is waiting any more
+        except (KombuError, OSError):
+            # The broker went away: what was not sent stays due, for the first sweep once it is back.
+            documents_due_now(ids[position:])
+            raise
     if ids:
         logger.info("sweep re-queued %d documents", len(ids))
     return len(ids)

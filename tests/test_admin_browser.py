@@ -183,3 +183,61 @@ def search_in_playground(page, base: str, expect) -> None:
     expect(first.locator("h3 a").first).to_have_text(EXPECTED_FIRST)
     expect(first.locator("mark").first).to_be_visible()
     assert first.locator(".kb-scores dd").nth(3).inner_text() != "—"  # found by vector search too
+
+
+@pytest.fixture
+def followed_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder under KB_FILE_ROOTS for the server and the worker (set before they start)."""
+    folder = tmp_path / "policies"
+    (folder / "drafts").mkdir(parents=True)
+    (folder / "leave.md").write_text("# Leave\n\nAsk your manager for leave two weeks ahead.\n")
+    (folder / "remote.md").write_text("# Remote work\n\nRemote work is allowed two days a week.\n")
+    (folder / "drafts" / "bonus.md").write_text("# Bonus\n\nNot decided yet.\n")
+    monkeypatch.setenv("KB_FILE_ROOTS", str(tmp_path))
+    return folder
+
+
+def test_a_curator_makes_a_collection_follow_a_folder_and_syncs_it_now(
+    chromium_path, static_files, curator, followed_folder, celery_worker, live_server_url
+):
+    from kb.models import Document
+    from kb.services.collections import collection_create
+
+    collection_create(name="policies")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(follow_folder_session, chromium_path, live_server_url, followed_folder).result()
+    uris = set(Document.objects.filter(collection__name="policies").values_list("source_uri", flat=True))
+    assert uris == {(followed_folder / "leave.md").as_uri(), (followed_folder / "remote.md").as_uri()}
+
+
+def follow_folder_session(chromium_path: Path, base: str, folder: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(chromium_path), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(30_000)
+        try:
+            log_in(page, base)
+            page.goto(f"{base}/admin/kb/source/add/")
+            page.fill("#id_name", "policies-folder")
+            page.select_option("#id_collection", label="policies")
+            page.fill("#id_folder", str(folder))
+            page.fill("#id_exclude", "drafts/*")
+            page.click("input[name=_continue]")
+            page.wait_for_selector("text=was added successfully")
+            page.click("button:has-text('Sync now')")
+            expect(page.get_by_text("Sync started for 1 source")).to_be_visible()
+            for _ in range(60):  # the worker runs it; the runs table under the source shows how it went
+                if page.locator("td.field-status", has_text="Succeeded").count():
+                    break
+                page.wait_for_timeout(1000)
+                page.reload()
+            expect(page.locator("td.field-status").first).to_have_text("Succeeded")
+            expect(page.locator("td.field-added").first).to_have_text("2")
+            page.screenshot(path=SCREENSHOTS / "source.png", full_page=True)
+        except Exception:
+            page.screenshot(path=SCREENSHOTS / "failure-source.png", full_page=True)
+            raise
+        finally:
+            browser.close()
