@@ -266,6 +266,10 @@ class SourceForm(forms.ModelForm):
         model = Source
         fields = ["name", "collection", "folder", "recursive", "include", "exclude", "urls", "sitemap_url",
                   "interval_minutes"]  # fmt: skip
+        widgets = {
+            "folder": forms.TextInput(attrs={"size": 80}),
+            "sitemap_url": forms.URLInput(attrs={"size": 80}),
+        }
         help_texts = {
             "folder": "A folder under KB_FILE_ROOTS. Give a folder, or URLs and/or a sitemap.",
             "interval_minutes": "Sync on this schedule. Empty: only when asked (Sync now).",
