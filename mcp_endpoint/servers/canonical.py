@@ -4,7 +4,8 @@ read the chunks around a search hit, follow ingestion. Every tool is a thin adap
 kb.selectors / kb.search."""
 
 import time
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from pydantic import Field, Strict, WithJsonSchema
@@ -66,6 +67,7 @@ INSTRUCTIONS = (
     "they are keyword-searchable at once and semantically searchable once embedded (rag_ingestion_status)."
 )
 POLL_SECONDS = 0.5
+T = TypeVar("T")
 COLLECTIONS_IN_DESCRIPTION = 50
 
 CollectionName = Annotated[str, Field(description="Collection name (letters, digits, '-' and '_'; case-sensitive)")]
@@ -381,12 +383,22 @@ async def rag_ingestion_status(
 ) -> IngestionStatusOutput:
     """Ingestion status of documents (or of a collection): pending, processing, ready or failed with
     the error. 'done' is true when nothing is waiting for embedding; give wait_seconds to wait for it."""
+    return await _polled(
+        lambda: _ingestion_progress(doc_ids, collection),
+        lambda progress: not isinstance(progress, dict) or progress["done"],
+        wait_seconds,
+    )
+
+
+async def _polled(fetch: Callable[[], Awaitable[T]], finished: Callable[[T], bool], wait_seconds: float) -> T:
+    """``fetch()`` again every POLL_SECONDS until ``finished`` (an error result finishes too) or
+    ``wait_seconds`` have passed."""
     deadline = time.monotonic() + wait_seconds
-    progress = await _ingestion_progress(doc_ids, collection)
-    while isinstance(progress, dict) and not progress["done"] and time.monotonic() < deadline:
+    result = await fetch()
+    while not finished(result) and time.monotonic() < deadline:
         await anyio.sleep(POLL_SECONDS)
-        progress = await _ingestion_progress(doc_ids, collection)
-    return progress
+        result = await fetch()
+    return result
 
 
 SourceName = Annotated[str, Field(description="Source name, as given to rag_create_source")]
@@ -471,12 +483,11 @@ async def rag_sync_status(
 ) -> SyncRunOut:
     """A sync run's status (queued, running, succeeded, failed) and counts: files found and processed,
     added, updated, unchanged, removed, failed with reasons. Give wait_seconds to wait for it to finish."""
-    deadline = time.monotonic() + wait_seconds
-    progress = await _sync_progress(job_id, source)
-    while isinstance(progress, SyncRunOut) and not progress.done and time.monotonic() < deadline:
-        await anyio.sleep(POLL_SECONDS)
-        progress = await _sync_progress(job_id, source)
-    return progress
+    return await _polled(
+        lambda: _sync_progress(job_id, source),
+        lambda progress: not isinstance(progress, SyncRunOut) or progress.done,
+        wait_seconds,
+    )
 
 
 def _collections_for_description() -> str:
