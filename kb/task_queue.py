@@ -51,7 +51,9 @@ def documents_due_now(document_ids: Sequence[str]) -> None:
 def _send_after_commit(task: str, argument: Any, *, unsent: Callable[[], Any] | None = None, **options: Any) -> None:
     def send() -> None:
         try:
-            current_app.send_task(task, (argument,), **options)
+            # No result is kept (CELERY_TASK_IGNORE_RESULT does not reach tasks sent by name): with a
+            # Redis broker the result backend would otherwise subscribe to it first, retrying for ~20 s.
+            current_app.send_task(task, (argument,), ignore_result=True, **options)
         except (KombuError, OSError):  # the broker is down or refused it: the sweep takes over
             logger.warning("could not queue %s(%s): the broker did not take it; the sweep will", task, argument)
             if unsent is not None:

@@ -102,7 +102,7 @@ def deployment(tmp_path: Path, redis: RedisServer, settings, transactional_db: N
     with fake_embedder() as embedder:
         settings.OLLAMA_HOST = embedder["OLLAMA_HOST"]  # this process checks the model once, below
         collection_create(name=COLLECTION, embedding_provider="ollama", embedding_model=FAKE_MODEL)
-        env = {**embedder, "CELERY_BROKER_URL": redis.url, "KB_WRITE_WAIT_SECONDS": "0", "CELERY_RESULT_BACKEND": f"file://{tmp_path}"}
+        env = {**embedder, "CELERY_BROKER_URL": redis.url, "KB_WRITE_WAIT_SECONDS": "0"}
         worker = start_worker(tmp_path, extra_env=env, name="outage-worker")
         try:
             with uvicorn_server(tmp_path, env) as url:
