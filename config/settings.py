@@ -197,7 +197,7 @@ KB_INTERACTIVE_MAX_CHUNKS = env_int("KB_INTERACTIVE_MAX_CHUNKS", 64, minimum=0)
 KB_WRITE_WAIT_SECONDS = env_float("KB_WRITE_WAIT_SECONDS", 30.0, minimum=0.0, maximum=600.0)
 # How often the worker looks for documents left pending/processing by a dead worker, a lost message or
 # a message the broker did not take (it was down); a worker also sweeps each time it (re)connects.
-KB_SWEEP_INTERVAL_SECONDS = env_int("KB_SWEEP_INTERVAL_SECONDS", 10, minimum=1)
+KB_SWEEP_INTERVAL_SECONDS = env_int("KB_SWEEP_INTERVAL_SECONDS", 4, minimum=1)
 # How often each worker starts the syncs of sources that are due (kb.services.sources) and gives
 # up runs whose worker died. A worker step, not Celery beat: `make run` keeps one process fewer.
 KB_SYNC_TICK_SECONDS = env_int("KB_SYNC_TICK_SECONDS", 30, minimum=1)
@@ -211,7 +211,9 @@ KB_WORKER_HEARTBEAT_SECONDS = env_int("KB_WORKER_HEARTBEAT_SECONDS", 5, minimum=
 # Files refused by uploads and folder ingests that the dashboard keeps (the newest).
 KB_REFUSALS_KEPT = env_int("KB_REFUSALS_KEPT", 1000, minimum=1)
 # A document whose embedding lease has not been renewed for this long is taken over by another worker.
-KB_EMBED_LEASE_SECONDS = env_int("KB_EMBED_LEASE_SECONDS", 120, minimum=10)
+# The worker embedding it renews it every third of this from a thread (kb.leases): it runs out only
+# when that worker died, so another takes the document over seconds after a SIGKILL.
+KB_EMBED_LEASE_SECONDS = env_int("KB_EMBED_LEASE_SECONDS", 8, minimum=3)
 
 # --- Embeddings -----------------------------------------------------------------------------
 EMBEDDING_PROVIDERS = ("local", "ollama", "openai")

@@ -38,7 +38,9 @@ RETRIED_WITH_BACKOFF = {
 @shared_task(**RETRIED_WITH_BACKOFF)
 def embed_document(document_id: str) -> str:
     if not embedding_pipeline.document_claim(doc_id=document_id):
-        return "skipped"
+        return _held_elsewhere(document_id)
+    keeper = embedding_pipeline.document_lease_keeper(doc_id=document_id)
+    keeper.start()
     try:
         return embedding_pipeline.document_embed(doc_id=document_id)
     except EmbeddingError as error:
@@ -61,6 +63,17 @@ def embed_document(document_id: str) -> str:
             doc_id=document_id, error=KBError(ErrorCode.DATABASE_ERROR, f"Internal error while embedding: {error!r}")
         )
         return "failed"
+    finally:
+        keeper.stop()
+
+
+def _held_elsewhere(document_id: str) -> str:
+    """A document another worker holds: if that worker died (its task redelivered to us), try again
+    the moment its lease runs out, seconds from now, rather than leave it to a sweep."""
+    left = embedding_pipeline.document_lease_left(doc_id=document_id)
+    if left is None or embed_document.request.retries >= embed_document.max_retries:
+        return "skipped"
+    raise embed_document.retry(countdown=left + 0.5)
 
 
 @shared_task(**RETRIED_WITH_BACKOFF)

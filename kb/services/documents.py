@@ -202,9 +202,13 @@ def document_requeue_locked(document: Document, *, reset_attempts: bool = True) 
     return document
 
 
+# A queue of bulk work can take this long to reach a message; only then is it sent again.
+PENDING_RESEND_SECONDS = 600
+
+
 def pending_requeue_deadline() -> Any:
     """When a still-pending document's task message counts as lost and is sent again."""
-    return timezone.now() + timedelta(seconds=settings.KB_EMBED_LEASE_SECONDS * 5)
+    return timezone.now() + timedelta(seconds=PENDING_RESEND_SECONDS)
 
 
 def _validate_source_uri(source_uri: str) -> None:

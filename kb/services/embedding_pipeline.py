@@ -20,6 +20,7 @@ from pgvector import Vector
 from kb.embedding_providers import EmbeddingError, embed_texts
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.chunking import embedding_text
+from kb.leases import LeaseKeeper
 from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding, EmbeddingModel
 from kb.services.documents import document_lock, document_requeue_locked, pending_requeue_deadline
 from kb.services.embedding_models import embedding_model_record_dimensions
@@ -44,6 +45,26 @@ def document_claim(*, doc_id: str) -> bool:
             updated_at=now,
         )
     )
+
+
+def document_lease_keeper(*, doc_id: str) -> LeaseKeeper:
+    """The thread that renews the lease of a document this worker claimed, while it embeds it."""
+
+    def renew() -> bool:
+        held = Document.objects.filter(pk=doc_id, status=DocumentStatus.PROCESSING)
+        return bool(held.update(lease_expires_at=_lease_deadline()))
+
+    return LeaseKeeper(renew, every=settings.KB_EMBED_LEASE_SECONDS / 3, name=f"embed-lease-{doc_id}")
+
+
+def document_lease_left(*, doc_id: str) -> float | None:
+    """Seconds until another worker's lease on the document runs out; None when nobody holds one."""
+    expires = (
+        Document.objects.filter(pk=doc_id, status=DocumentStatus.PROCESSING, lease_expires_at__gt=timezone.now())
+        .values_list("lease_expires_at", flat=True)
+        .first()
+    )
+    return None if expires is None else (expires - timezone.now()).total_seconds()
 
 
 def document_embed(*, doc_id: str) -> str:

@@ -16,7 +16,6 @@ and starts the syncs of sources that are due.
 import fnmatch
 import logging
 import os
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from kb.errors import ErrorCode, KBError
@@ -40,6 +39,7 @@ from kb.ingestion.sources import (
     load_candidate,
     walk_folder,
 )
+from kb.leases import LeaseKeeper
 from kb.models import (
     ACTIVE_SYNC_STATUSES,
     SOURCE_NAME_MAX_LENGTH,
@@ -307,40 +307,10 @@ class _Scan:
         return not self.problems
 
 
-class _LeaseKeeper(threading.Thread):
-    """Renews a running run's lease every third of KB_SYNC_LEASE_SECONDS while the run works, however
-    long one step takes (a slow fetch, a sitemap index, a large parse): only a dead worker's lease
-    runs out. Notices when the run was given up, so the run stops at its next item."""
-
-    def __init__(self, run_id: str) -> None:
-        super().__init__(name=f"sync-lease-{run_id}", daemon=True)
-        self.run_id = run_id
-        self.taken_away = False
-        self._stopping = threading.Event()
-
-    def run(self) -> None:
-        interval = settings.KB_SYNC_LEASE_SECONDS / 3
-        try:
-            while not self._stopping.wait(interval):
-                lease = timezone.now() + timedelta(seconds=settings.KB_SYNC_LEASE_SECONDS)
-                renewed = SyncRun.objects.filter(pk=self.run_id, status=SyncStatus.RUNNING).update(
-                    lease_expires_at=lease
-                )
-                self.taken_away = not renewed
-        except DatabaseError:
-            logger.warning("could not renew the lease of sync run %s", self.run_id, exc_info=True)
-        finally:
-            connections.close_all()  # this thread's own connection
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self.join()
-
-
 class _Progress:
     """A running run's counts, written to its row every PROGRESS_SECONDS."""
 
-    def __init__(self, run: SyncRun, lease: _LeaseKeeper) -> None:
+    def __init__(self, run: SyncRun, lease: LeaseKeeper) -> None:
         self.run = run
         self.lease = lease
         self._written = 0.0
@@ -352,7 +322,7 @@ class _Progress:
 
     def item_done(self) -> None:
         self.run.processed += 1
-        if self.lease.taken_away:
+        if self.lease.lost:
             raise _RunTakenAway()
         if time.monotonic() - self._written >= PROGRESS_SECONDS:
             self.write()
@@ -381,7 +351,9 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
     if not claimed:
         return None
     run = SyncRun.objects.select_related("source__collection").get(pk=run_id)
-    keeper = _LeaseKeeper(run_id)
+    keeper = LeaseKeeper(
+        lambda: _renew_lease(run_id), every=settings.KB_SYNC_LEASE_SECONDS / 3, name=f"sync-lease-{run_id}"
+    )
     progress = _Progress(run, keeper)
     gone: list[str] = []
     keeper.start()
@@ -409,6 +381,11 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
         return _given_up(run_id)
     run.refresh_from_db()
     return run
+
+
+def _renew_lease(run_id: str) -> bool:
+    lease = timezone.now() + timedelta(seconds=settings.KB_SYNC_LEASE_SECONDS)
+    return bool(SyncRun.objects.filter(pk=run_id, status=SyncStatus.RUNNING).update(lease_expires_at=lease))
 
 
 def _given_up(run_id: str) -> SyncRun:
