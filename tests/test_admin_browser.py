@@ -9,8 +9,11 @@ copied to docs/screenshots/ for the README.
 
 import os
 import shutil
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -85,30 +88,39 @@ def test_a_curator_watches_uploaded_files_become_ready_then_finds_them(
             shutil.copyfile(SCREENSHOTS / name, DOCS_SCREENSHOTS / name)
 
 
-def curator_session(chromium_path: Path, base: str, worker) -> None:
-    from playwright.sync_api import expect, sync_playwright
+@contextmanager
+def browser_page(chromium_path: Path, *, failure_shot: str) -> Iterator[Any]:
+    """A page of a headless Chromium; a screenshot named ``failure_shot`` if the block fails."""
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(chromium_path), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.set_default_timeout(30_000)
         try:
-            log_in(page, base)
-            create_collection(page, base)
-            upload_files(page, base)
-            watch_documents_become_ready(page, expect, worker)
-            page.screenshot(path=SCREENSHOTS / "documents.png", full_page=True)
-            search_in_playground(page, base, expect)
-            page.screenshot(path=SCREENSHOTS / "playground.png", full_page=True)
-            page.goto(f"{base}/admin/")
-            expect(page.locator("#kb-dashboard")).to_be_visible()
-            expect(page.locator("[data-kb-queue=pending]")).to_have_text("0")
-            page.screenshot(path=SCREENSHOTS / "dashboard.png", full_page=True)
+            yield page
         except Exception:
-            page.screenshot(path=SCREENSHOTS / "failure.png", full_page=True)
+            page.screenshot(path=SCREENSHOTS / failure_shot, full_page=True)
             raise
         finally:
             browser.close()
+
+
+def curator_session(chromium_path: Path, base: str, worker) -> None:
+    from playwright.sync_api import expect
+
+    with browser_page(chromium_path, failure_shot="failure.png") as page:
+        log_in(page, base)
+        create_collection(page, base)
+        upload_files(page, base)
+        watch_documents_become_ready(page, expect, worker)
+        page.screenshot(path=SCREENSHOTS / "documents.png", full_page=True)
+        search_in_playground(page, base, expect)
+        page.screenshot(path=SCREENSHOTS / "playground.png", full_page=True)
+        page.goto(f"{base}/admin/")
+        expect(page.locator("#kb-dashboard")).to_be_visible()
+        expect(page.locator("[data-kb-queue=pending]")).to_have_text("0")
+        page.screenshot(path=SCREENSHOTS / "dashboard.png", full_page=True)
 
 
 def log_in(page, base: str) -> None:
@@ -211,33 +223,24 @@ def test_a_curator_makes_a_collection_follow_a_folder_and_syncs_it_now(
 
 
 def follow_folder_session(chromium_path: Path, base: str, folder: Path) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(chromium_path), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(30_000)
-        try:
-            log_in(page, base)
-            page.goto(f"{base}/admin/kb/source/add/")
-            page.fill("#id_name", "policies-folder")
-            page.select_option("#id_collection", label="policies")
-            page.fill("#id_folder", str(folder))
-            page.fill("#id_exclude", "drafts/*")
-            page.click("input[name=_continue]")
-            page.wait_for_selector("text=was added successfully")
-            page.click("button:has-text('Sync now')")
-            expect(page.get_by_text("Sync started for 1 source")).to_be_visible()
-            for _ in range(60):  # the worker runs it; the runs table under the source shows how it went
-                if page.locator("td.field-status", has_text="Succeeded").count():
-                    break
-                page.wait_for_timeout(1000)
-                page.reload()
-            expect(page.locator("td.field-status").first).to_have_text("Succeeded")
-            expect(page.locator("td.field-added").first).to_have_text("2")
-            page.screenshot(path=SCREENSHOTS / "source.png", full_page=True)
-        except Exception:
-            page.screenshot(path=SCREENSHOTS / "failure-source.png", full_page=True)
-            raise
-        finally:
-            browser.close()
+    with browser_page(chromium_path, failure_shot="failure-source.png") as page:
+        log_in(page, base)
+        page.goto(f"{base}/admin/kb/source/add/")
+        page.fill("#id_name", "policies-folder")
+        page.select_option("#id_collection", label="policies")
+        page.fill("#id_folder", str(folder))
+        page.fill("#id_exclude", "drafts/*")
+        page.click("input[name=_continue]")
+        page.wait_for_selector("text=was added successfully")
+        page.click("button:has-text('Sync now')")
+        expect(page.get_by_text("Sync started for 1 source")).to_be_visible()
+        for _ in range(60):  # the worker runs it; the runs table under the source shows how it went
+            if page.locator("td.field-status", has_text="Succeeded").count():
+                break
+            page.wait_for_timeout(1000)
+            page.reload()
+        expect(page.locator("td.field-status").first).to_have_text("Succeeded")
+        expect(page.locator("td.field-added").first).to_have_text("2")
+        page.screenshot(path=SCREENSHOTS / "source.png", full_page=True)
