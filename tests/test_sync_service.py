@@ -634,6 +634,43 @@ def test_a_url_source_on_a_private_address_is_refused_unless_allowed(collection,
     assert "not a public address" in refused(ErrorCode.INVALID_URI, collection=collection, name="x", **fields)
 
 
+@pytest.mark.parametrize("host", ["localhost", "docs.localhost", "LOCALHOST."])
+def test_localhost_by_name_is_refused_when_a_source_is_saved(collection, settings, host):
+    settings.KB_FETCH_ALLOWED_PRIVATE_HOSTS = []
+    assert "not a public address" in refused(
+        ErrorCode.INVALID_URI, collection=collection, name="x", urls=[f"http://{host}:9/page"]
+    )
+
+
+def test_saving_urls_asks_no_dns_and_a_fetch_judges_the_name(collection, settings):
+    """A name is judged when a fetch resolves it: saving one that does not resolve costs no lookup
+    and succeeds; its sync then fails that URL with the reason and removes nothing."""
+    settings.KB_FETCH_ALLOWED_PRIVATE_HOSTS = []
+    source = source_create(collection=collection, name="x", urls=["https://no-such-host.invalid/page"])
+    run = sync(source)
+    assert counts(run) == expected(failed=1, total=1)
+    assert run.failures[0]["code"] == "LOAD_FAILED" and "Cannot resolve" in run.failures[0]["message"]
+
+
+def test_a_sitemap_index_is_read_up_to_its_first_twenty_sitemaps(collection, site):
+    nested = []
+    for number in range(25):
+        site.page(f"/p{number}", f"Page number {number}.")
+        nested.append(site.sitemap(f"/sitemap-{number}.xml", [f"/p{number}"]))
+    locations = "".join(f"<sitemap><loc>{url}</loc></sitemap>" for url in nested)
+    index = site.raw(
+        "/index.xml",
+        f'<?xml version="1.0"?><sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{locations}'
+        "</sitemapindex>",
+    )
+    source = source_create(collection=collection, name="indexed", sitemap_url=index)
+    assert counts(sync(source)) == expected(added=20, total=20)
+    assert uris(collection) == {site.url(f"/p{number}") for number in range(20)}
+    assert sorted(path for path in site.requested if path.startswith("/sitemap-")) == sorted(
+        f"/sitemap-{number}.xml" for number in range(20)
+    )
+
+
 def test_only_http_urls_are_followed(collection):
     refused(ErrorCode.INVALID_URI, collection=collection, name="x", urls=["file:///etc/passwd"])
     refused(ErrorCode.INVALID_URI, collection=collection, name="x", urls=["ftp://example.org/a"])

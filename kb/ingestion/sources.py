@@ -272,14 +272,22 @@ def fetch_url_if_changed(url: str, *, etag: str = "", last_modified: str = "") -
 
 
 def check_url(url: str) -> None:
-    """Refuse now what fetching ``url`` would refuse before connecting: a malformed URL, a scheme
-    other than http(s), a host that resolves to a private address. A name that does not resolve
-    yet is left for the fetch, which checks everything again (DNS answers change)."""
+    """Refuse now, without asking DNS, what fetching ``url`` would surely refuse: a malformed URL, a
+    scheme other than http(s), a private IP literal or ``localhost``. A host name is judged when a
+    fetch resolves it (DNS answers change), so saving a list of URLs costs no lookups."""
+    host, _port = _parsed_host(url, malformed=ErrorCode.INVALID_URI)
+    name = host.lower().rstrip(".")
+    literal = "127.0.0.1" if name == "localhost" or name.endswith(".localhost") else name
     try:
-        _checked_target(url, malformed=ErrorCode.INVALID_URI)
-    except KBError as error:
-        if error.code != ErrorCode.LOAD_FAILED:
-            raise
+        address = ipaddress.ip_address(literal)
+    except ValueError:
+        return
+    if not _address_allowed(host, address):
+        raise KBError(
+            ErrorCode.INVALID_URI,
+            f"{host} is not a public address; refusing to fetch it "
+            "(allow intranet hosts with KB_FETCH_ALLOWED_PRIVATE_HOSTS)",
+        )
 
 
 @dataclass(frozen=True)
@@ -298,6 +306,24 @@ def _redirect_target(url: str, location: str) -> str:
 
 def _checked_target(url: str, *, malformed: ErrorCode) -> _Target:
     """Where ``url`` may be fetched from; ``malformed`` is the code for a URL that cannot be parsed."""
+    host, port = _parsed_host(url, malformed=malformed)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise KBError(ErrorCode.LOAD_FAILED, f"Cannot resolve {host}: {exc.strerror}") from None
+    addresses = [info[4][0] for info in infos]
+    for address in addresses:
+        if not _address_allowed(host, ipaddress.ip_address(address.split("%")[0])):
+            raise KBError(
+                ErrorCode.INVALID_URI,
+                f"{host} resolves to {address}, which is not a public address; refusing to fetch it "
+                "(allow intranet hosts with KB_FETCH_ALLOWED_PRIVATE_HOSTS)",
+            )
+    return _Target(host=host, port=port, address=addresses[0])
+
+
+def _parsed_host(url: str, *, malformed: ErrorCode) -> tuple[str, int]:
+    """The host (as DNS, the Host header and TLS see it) and port of an http(s) URL."""
     try:
         parts = _split_url(url)
     except ValueError:
@@ -313,19 +339,7 @@ def _checked_target(url: str, *, malformed: ErrorCode) -> _Target:
             ipaddress.ip_address(host)  # an IP literal is the one other form a host may take
     except ValueError:  # UnicodeError included
         raise KBError(malformed, f"The URL has an invalid port or host name: {url}") from None
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise KBError(ErrorCode.LOAD_FAILED, f"Cannot resolve {host}: {exc.strerror}") from None
-    addresses = [info[4][0] for info in infos]
-    for address in addresses:
-        if not _address_allowed(host, ipaddress.ip_address(address.split("%")[0])):
-            raise KBError(
-                ErrorCode.INVALID_URI,
-                f"{host} resolves to {address}, which is not a public address; refusing to fetch it "
-                "(allow intranet hosts with KB_FETCH_ALLOWED_PRIVATE_HOSTS)",
-            )
-    return _Target(host=host, port=port, address=addresses[0])
+    return host, port
 
 
 # DNS labels (letters, digits, hyphens; underscores as some intranets use them), dot-separated.

@@ -63,6 +63,8 @@ MAX_GLOBS = 50
 MAX_GLOB_LENGTH = 200
 MAX_INTERVAL_MINUTES = 525_600  # a year
 FAILURES_KEPT = 100
+# Sitemaps of a sitemap index that are read: each is a fetch of up to KB_FETCH_TIMEOUT_SECONDS.
+MAX_NESTED_SITEMAPS = 20
 # A running run writes its counts and renews its lease at most this often.
 PROGRESS_SECONDS = 0.5
 
@@ -517,14 +519,14 @@ SITEMAP_NAMESPACE = "{http://www.sitemaps.org/schemas/sitemap/0.9}"
 
 def sitemap_urls(url: str) -> list[str]:
     """The http(s) page URLs of a sitemap (``<urlset>``), or of the sitemaps a sitemap index lists
-    (one level), at most KB_SOURCE_MAX_URLS + 1 of them. Fetched with ingestion's guards; parsed
-    without entities, DTDs or network access."""
+    (the first MAX_NESTED_SITEMAPS, one level deep), at most KB_SOURCE_MAX_URLS + 1 of them.
+    Fetched with ingestion's guards; parsed without entities, DTDs or network access."""
     limit = settings.KB_SOURCE_MAX_URLS + 1
     kind, locations = _sitemap_locations(url)
     if kind != "sitemapindex":
         return locations[:limit]
     pages: list[str] = []
-    for nested in locations:
+    for nested in locations[:MAX_NESTED_SITEMAPS]:
         if len(pages) >= limit:
             break
         _nested_kind, nested_pages = _sitemap_locations(nested)
