@@ -571,7 +571,7 @@ def test_kb_sync_errors_are_command_errors_with_their_code(handbook, outside):
         with pytest.raises(CommandError, match=rf"^NOT_FOUND: No sync run or source is called {name_or_job_id}$"):
             kb_sync("status", name_or_job_id)
     kb_sync("add", "handbook", "--collection", "docs", "--folder", str(handbook))
-    with pytest.raises(CommandError, match=r"^Source handbook has not synced yet$"):
+    with pytest.raises(CommandError, match=r"^NOT_FOUND: Source handbook has not synced yet$"):
         kb_sync("status", "handbook")
 
 

@@ -137,3 +137,11 @@ def sync_run_get(*, run_id: str) -> SyncRun:
 
 def sync_runs(*, source: Source, limit: int = RUNS_SHOWN) -> list[SyncRun]:
     return list(source.runs.select_related("source__collection")[:limit])
+
+
+def sync_run_latest(*, source: Source) -> SyncRun:
+    """The source's newest run; NOT_FOUND when it never synced."""
+    latest = sync_runs(source=source, limit=1)
+    if not latest:
+        raise KBError(ErrorCode.NOT_FOUND, f"Source {source.name} has not synced yet")
+    return latest[0]

@@ -25,7 +25,7 @@ from kb.selectors.documents import (
     document_list,
 )
 from kb.selectors.ingestion import STILL_EMBEDDING, ingestion_status, wait_until_searchable
-from kb.selectors.sources import SourceOut, SyncRunOut, source_list, sync_runs
+from kb.selectors.sources import SourceOut, SyncRunOut, source_list, sync_run_latest
 from kb.selectors.stats import Stats, kb_stats
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
@@ -468,10 +468,7 @@ def _sync_progress(job_id: str | None, source: str | None) -> SyncRunOut:
         return SyncRunOut.of(access.sync_run(job_id))
     if source is None:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "Give a job_id or a source")
-    runs = sync_runs(source=access.source(source), limit=1)
-    if not runs:
-        raise KBError(ErrorCode.NOT_FOUND, f"Source {source} has not synced yet")
-    return SyncRunOut.of(runs[0])
+    return SyncRunOut.of(sync_run_latest(source=access.source(source)))
 
 
 async def rag_sync_status(

@@ -7,7 +7,7 @@ from kb.errors import KBError
 from kb.management.base import KBCommand
 from kb.management.progress import Progress
 from kb.selectors.collections import collection_get
-from kb.selectors.sources import SourceOut, SyncRunOut, source_get, source_list, sync_run_get
+from kb.selectors.sources import SourceOut, SyncRunOut, source_get, source_list, sync_run_get, sync_run_latest
 from kb.services.sources import source_create, source_delete, sync_start
 
 POLL_SECONDS = 0.5
@@ -111,12 +111,10 @@ class Command(KBCommand):
             run = sync_run_get(run_id=name_or_job_id)
         except KBError:  # not a job id: a source's name
             try:
-                latest = source_get(name=name_or_job_id).runs.first()
+                source = source_get(name=name_or_job_id)
             except KBError as error:
                 raise KBError(error.code, f"No sync run or source is called {name_or_job_id}") from None
-            if latest is None:
-                raise CommandError(f"Source {name_or_job_id} has not synced yet") from None
-            run = latest
+            run = sync_run_latest(source=source)
         self._report(SyncRunOut.of(run), json, fail=False)
 
     def _report(self, run: SyncRunOut, json: bool, *, fail: bool = True) -> None:
