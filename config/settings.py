@@ -93,15 +93,19 @@ TEMPLATES = [
 DATABASE_URL = env_optional_str("DATABASE_URL")
 KB_PGDATA = env_path("KB_PGDATA", VAR_DIR / "pgdata", base=BASE_DIR)
 CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+# A database that does not answer (host down, network cut) fails a request with DATABASE_ERROR
+# after this many seconds instead of hanging it; one that is down refuses at once.
+DATABASE_CONNECT_TIMEOUT = env_int("DATABASE_CONNECT_TIMEOUT", 5, minimum=1)
 
 
-def _postgres_url(name: str, url: str) -> dict:
+def _postgres_url(name: str, url: str, *, connect_timeout: int = DATABASE_CONNECT_TIMEOUT) -> dict:
     try:
         database = dj_database_url.parse(url, conn_max_age=CONN_MAX_AGE, conn_health_checks=True)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} is not a database URL: {exc}") from None
     if database["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured(f"{name} must point to PostgreSQL (with the pgvector extension)")
+    database["OPTIONS"] = {"connect_timeout": connect_timeout, **database.get("OPTIONS", {})}
     return database
 
 
@@ -114,14 +118,14 @@ else:
         "HOST": str(KB_PGDATA),
         "CONN_MAX_AGE": CONN_MAX_AGE,
         "CONN_HEALTH_CHECKS": True,
+        "OPTIONS": {"connect_timeout": DATABASE_CONNECT_TIMEOUT},
     }
 DATABASES = {"default": _database}
 # Streaming replicas of the primary that search and the read-only selectors read from (kb.replicas).
 # A replica that has not replayed the primary's latest writes within KB_REPLICA_MAX_WAIT_MS is
 # passed over, so a caller always finds what was written before its read began.
 for _number, _url in enumerate(env_list("DATABASE_REPLICA_URLS"), start=1):
-    _replica = _postgres_url("DATABASE_REPLICA_URLS", _url)
-    _replica["OPTIONS"] = {"connect_timeout": 2, **_replica.get("OPTIONS", {})}
+    _replica = _postgres_url("DATABASE_REPLICA_URLS", _url, connect_timeout=2)
     _replica["TEST"] = {"MIRROR": "default"}  # the test database reaches it by replication
     DATABASES[f"replica_{_number}"] = _replica
 DATABASE_ROUTERS = ["kb.replicas.ReplicaRouter"]

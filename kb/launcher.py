@@ -150,8 +150,24 @@ class Launcher:
                 if process.poll() is not None:
                     self.say(f"The {name} process exited with status {process.returncode}; stopping.")
                     return process.returncode or 1
+            if self.owns_database:
+                self._restart_database_if_stopped()
             time.sleep(0.2)
         return 0
+
+    def _restart_database_if_stopped(self) -> None:
+        """The embedded Postgres died (killed, out of memory): start it again. Web and worker
+        reconnect by themselves; meanwhile their callers get DATABASE_ERROR at once."""
+        if embedded_postgres.is_running(settings.KB_PGDATA):
+            return
+        self.say("The embedded Postgres stopped unexpectedly; starting it again.")
+        try:
+            embedded_postgres.start_again_if_stopped(settings.KB_PGDATA)
+        except Exception as error:  # noqa: BLE001 - whatever pg_ctl says, the next pass tries again
+            self.say(f"The embedded Postgres did not start again ({error}); trying again.")
+            time.sleep(1.0)
+            return
+        self.say("The embedded Postgres is running again.")
 
     def _stop_children(self) -> None:
         # Only the leaders: they stop their own children (a pool process killed under Celery's

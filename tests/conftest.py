@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -158,3 +159,22 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("service tests")
         for variable, outcome in sorted(USED.items()):
             terminalreporter.write_line(f"{variable.removeprefix('KB_TEST_').removesuffix('_URL').lower()}: {outcome}")
+
+
+@pytest.fixture
+def silent_server() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A loopback port that accepts connections and never answers (a database host that
+    hangs): each connection attempt waits for the connect timeout."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # closed at the end
+            while True:
+                accepted.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield listener.getsockname()[1], accepted
+    listener.close()
+    for peer in accepted:
+        peer.close()

@@ -2,12 +2,9 @@
 embedded Postgres made by pg_basebackup, and a process configured with it that writes and then
 reads at once."""
 
-import contextlib
 import json
-import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,25 +78,6 @@ def test_a_replica_that_does_not_answer_is_passed_over(transactional_db):
     assert seen["found"] == ["note://bladderwrack"]
     assert seen["recovery"]["replica_1"] is None
     assert seen["health"]["ok"] is False
-
-
-@pytest.fixture
-def silent_server() -> Iterator[tuple[int, list[socket.socket]]]:
-    """A loopback port that accepts connections and never answers (a replica host that hangs):
-    each connection attempt waits for the replica's connect timeout."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):  # closed at the end
-            while True:
-                accepted.append(listener.accept()[0])
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield listener.getsockname()[1], accepted
-    listener.close()
-    for peer in accepted:
-        peer.close()
 
 
 def test_a_replica_that_hangs_is_tried_once_not_by_every_read(transactional_db, silent_server):

@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import psycopg
@@ -85,3 +86,18 @@ def test_migrating_a_postgres_without_pgvector_says_so_clearly():
     finally:
         with psycopg.connect(server_url, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_database_that_does_not_answer_fails_within_the_connect_timeout(silent_server):
+    port, accepted = silent_server
+    started = time.monotonic()
+    result = manage(
+        "shell",
+        "-c",
+        "from django.db import connection; connection.ensure_connection()",
+        DATABASE_URL=f"postgresql://kb@127.0.0.1:{port}/kb",
+        DATABASE_CONNECT_TIMEOUT="2",
+    )
+    assert result.returncode != 0 and accepted
+    assert "timeout expired" in result.stderr, result.stderr[-2000:]
+    assert time.monotonic() - started < 60  # without the timeout, it hangs until manage()'s 120 s

