@@ -107,10 +107,11 @@ class OnnxMiniLMEmbedder:
             for row, index in enumerate(rows):
                 ids[row, : len(windows[index])] = windows[index]
                 mask[row, : len(windows[index])] = 1
-            (hidden,) = session.run(
-                ["last_hidden_state"],
-                {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
-            )
+            with _onnx_turn:
+                (hidden,) = session.run(
+                    ["last_hidden_state"],
+                    {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
+                )
             # Sum of token states per window, added to its text's: the mean over all tokens follows.
             np.add.at(sums, [owners[index] for index in rows], (hidden * mask[:, :, None]).sum(axis=1))
         return sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
@@ -175,6 +176,10 @@ def onnx_threads() -> int:
 
 # One session (and tokenizer) per process and model file: ``InferenceSession.run`` is thread-safe.
 _onnx_lock = threading.Lock()
+# One inference at a time per process: a run already uses every core (onnx_threads), so runs of
+# many callers at once (searches and notes of 50 clients in the web process) would only fight
+# over the cores and grow ONNX Runtime's memory arena; they take turns instead.
+_onnx_turn = threading.Lock()
 _onnx_sessions: dict[tuple[str, int], tuple[Any, Any]] = {}
 # Sessions inherited through fork are never run (their thread pools did not survive) nor freed.
 _forked_sessions: list[dict[tuple[str, int], tuple[Any, Any]]] = []
@@ -220,8 +225,8 @@ def _onnx_load(model_file: str, threads: int) -> tuple[Any, Any]:
 
 
 def _forget_sessions_after_fork() -> None:
-    global _onnx_lock
-    _onnx_lock = threading.Lock()
+    global _onnx_lock, _onnx_turn
+    _onnx_lock, _onnx_turn = threading.Lock(), threading.Lock()
     if _onnx_sessions:
         _forked_sessions.append(dict(_onnx_sessions))
         _onnx_sessions.clear()

@@ -25,9 +25,8 @@ from kb.api.schemas import (
 from kb.errors import ErrorCode
 from kb.models import Document, TokenScope
 from kb.selectors.documents import chunk_neighbors, document_chunks, document_list
-from kb.selectors.ingestion import wait_until_searchable
 from kb.services.documents import document_delete
-from kb.services.embedding_pipeline import document_reembed
+from kb.services.embedding_pipeline import document_reembed, documents_embed_for_writer
 from kb.services.ingest import document_ingest, document_reingest, network_file_roots
 from kb.services.uploads import document_ingest_uploads
 
@@ -101,7 +100,7 @@ def upload_documents(
 
 
 def _waited(wait: bool, documents: list[Document]) -> bool | None:
-    return wait_until_searchable(documents) if wait else None
+    return documents_embed_for_writer(documents=documents) if wait else None
 
 
 @router.get(

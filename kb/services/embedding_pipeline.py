@@ -8,10 +8,11 @@ worker died is taken over once its lease expires. Vectors are inserted with
 """
 
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -22,8 +23,10 @@ from kb.errors import ErrorCode, KBError
 from kb.ingestion.chunking import embedding_text
 from kb.leases import LeaseKeeper
 from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding, EmbeddingModel
+from kb.selectors.ingestion import wait_until_searchable
 from kb.services.documents import document_lock, document_requeue_locked, pending_requeue_deadline
 from kb.services.embedding_models import embedding_model_record_dimensions
+from kb.work_lanes import is_interactive
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +171,37 @@ def _finish(doc_id: str, collection: Collection) -> str:
         document.error = document.error_code = ""
         document.save(update_fields=["status", "lease_expires_at", "error", "error_code", "updated_at"])
     return DocumentStatus.READY
+
+
+def documents_embed_for_writer(*, documents: Sequence[Document], timeout: float | None = None) -> bool:
+    """A writer who waits for its own documents to be searchable by meaning (an agent's note, REST
+    ``wait``): the small ones (the interactive lane's) nobody has taken yet are embedded here and
+    now, by the writer's own thread, instead of queueing for a worker's turn; then it waits for
+    the rest, at most ``timeout`` (KB_WRITE_WAIT_SECONDS). True when none is still waiting.
+
+    Their queued message stays: whichever takes a document first embeds it, and whatever fails
+    here (a provider error, the database) is left to that message and its retries."""
+    timeout = settings.KB_WRITE_WAIT_SECONDS if timeout is None else timeout
+    if timeout > 0:  # a writer told not to wait leaves every document to the workers
+        for document in documents:
+            if document.status == DocumentStatus.PENDING and is_interactive(document.chunk_count):
+                _embed_here(document.pk)
+    return wait_until_searchable(documents, timeout=timeout)
+
+
+def _embed_here(doc_id: str) -> None:
+    if not document_claim(doc_id=doc_id):
+        return  # a worker has it
+    keeper = document_lease_keeper(doc_id=doc_id)
+    keeper.start()
+    try:
+        document_embed(doc_id=doc_id)
+    except EmbeddingError as error:  # released back to pending: the queued message retries it
+        logger.warning("embedding %s for its writer failed, left to the worker: %s", doc_id, error.message)
+    except DatabaseError:
+        logger.warning("embedding %s for its writer failed, left to the worker", doc_id, exc_info=True)
+    finally:
+        keeper.stop()
 
 
 def document_release(*, doc_id: str, error: EmbeddingError) -> None:

@@ -24,11 +24,12 @@ from kb.selectors.documents import (
     document_chunks,
     document_list,
 )
-from kb.selectors.ingestion import STILL_EMBEDDING, ingestion_status, wait_until_searchable
+from kb.selectors.ingestion import STILL_EMBEDDING, ingestion_status
 from kb.selectors.sources import SourceOut, SyncRunOut, source_list, sync_run_latest
 from kb.selectors.stats import Stats, kb_stats
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
+from kb.services.embedding_pipeline import documents_embed_for_writer
 from kb.services.ingest import document_ingest
 from kb.services.sources import source_create, sync_start
 from mcp_endpoint.budget import fit_list, fit_texts
@@ -174,7 +175,7 @@ def rag_ingest(
         force=force,
     )
     # One source is an agent's write: answer once it can be found by meaning (a folder is bulk work).
-    searchable = len(report.items) > 1 or wait_until_searchable(report.documents)
+    searchable = len(report.items) > 1 or documents_embed_for_writer(documents=report.documents)
     return ingest_output(collection=collection, uri=uri, report=report, note=None if searchable else STILL_EMBEDDING)
 
 

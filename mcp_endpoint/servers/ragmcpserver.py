@@ -12,9 +12,10 @@ from pydantic import Field
 from kb.errors import ErrorCode, KBError
 from kb.models import TokenScope
 from kb.search import SearchResult, search
-from kb.selectors.ingestion import STILL_EMBEDDING, wait_until_searchable
+from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_get_or_create
 from kb.services.documents import document_create_from_text
+from kb.services.embedding_pipeline import documents_embed_for_writer
 from mcp_endpoint.budget import fit_list
 from mcp_endpoint.caller import current_access
 from mcp_endpoint.tooling import ADDITIVE, READ_ONLY, KBServer, raise_tool_error, service_tool
@@ -56,7 +57,7 @@ def Inject(
         metadata=metadata_object(metadata),
     )
     # The seed embeds before it answers: a Query right after finds the text.
-    searchable = wait_until_searchable([stored.document])
+    searchable = documents_embed_for_writer(documents=[stored.document])
     note = "" if searchable else f" {STILL_EMBEDDING}"
     return f"Injected document {stored.document.pk} ({stored.document.chunk_count} chunks, {stored.outcome}).{note}"
 

@@ -21,7 +21,8 @@ from kb.errors import ErrorCode, KBError
 from kb.models import TokenScope
 from kb.search import SearchResult, search
 from kb.selectors.collections import collection_list
-from kb.selectors.ingestion import STILL_EMBEDDING, wait_until_searchable
+from kb.selectors.ingestion import STILL_EMBEDDING
+from kb.services.embedding_pipeline import documents_embed_for_writer
 from kb.services.ingest import ChunkInput, document_store_chunk_batch
 from mcp_endpoint.budget import fit_list
 from mcp_endpoint.caller import current_access
@@ -109,7 +110,7 @@ def _store(chunks: list[dict[str, Any]], collection: str) -> StoreResult:
         sources=[c["source_filename"] for c in chunks],
     )
     # SciRAG promises the embeddings exist when it answers: a retrieve right after finds the chunks.
-    searchable = wait_until_searchable([item.document for item in stored])
+    searchable = documents_embed_for_writer(documents=[item.document for item in stored])
     return StoreResult(
         success=True,
         chunks_stored=len(chunks),

@@ -16,9 +16,10 @@ from kb.models import Collection, Document, TokenScope
 from kb.search import search
 from kb.selectors.collections import collection_get_by_uuid, collection_list
 from kb.selectors.documents import document_list
-from kb.selectors.ingestion import STILL_EMBEDDING, wait_until_searchable
+from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
+from kb.services.embedding_pipeline import documents_embed_for_writer
 from kb.services.ingest import document_ingest
 from mcp_endpoint.budget import fit_list
 from mcp_endpoint.caller import current_access
@@ -145,7 +146,7 @@ def fetch_and_add_document_from_url(
         raise KBError(ErrorCode.INVALID_URI, f"Not an http(s) URL: {url[:200]}")
     collection = visible_collection(collection_id)
     (item,) = document_ingest(collection=collection, uri=url, file_roots=[]).items
-    searchable = wait_until_searchable([item.document])
+    searchable = documents_embed_for_writer(documents=[item.document])
     answer = {"document": document_json(item.document), "outcome": item.outcome}
     return json_text(answer if searchable else {**answer, "note": STILL_EMBEDDING})
 

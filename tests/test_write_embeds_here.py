@@ -1,0 +1,75 @@
+"""A writer who waits embeds its own small note (kb.services.embedding_pipeline.documents_embed_for_writer).
+
+No worker runs in these tests: a note found by meaning on return was embedded by the writer's own
+thread. What it cannot embed (a provider error, a document too large for the interactive lane)
+stays pending, with its queued message, for the worker.
+"""
+
+import base64
+
+import pytest
+
+from kb.models import Document, DocumentStatus
+from kb.selectors.ingestion import STILL_EMBEDDING
+from kb.services.collections import collection_create
+from mcp_endpoint.servers import canonical
+from tests.support.fake_providers import fake_ollama, remote_collection
+from tests.support.mcp_client import call_ok, committed_db, tool_threads  # noqa: F401
+from tests.support.worker import embed_pending
+
+pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
+
+SERVER = canonical.build(read_only=False)
+NOTE = "Glaciers carve U-shaped valleys as they grind slowly downhill over thousands of years."
+
+
+def ingest(collection: str, text: str) -> dict:
+    uri = "data:text/plain;base64," + base64.b64encode(text.encode()).decode()
+    return call_ok(SERVER, "rag_ingest", {"uri": uri, "collection": collection})
+
+
+def found_by_meaning(collection: str, query: str) -> list[str]:
+    answer = call_ok(SERVER, "rag_search", {"query": query, "collection": collection, "mode": "semantic"})
+    return [hit["source"] for hit in answer["results"]]
+
+
+def test_a_waiting_writer_embeds_its_note_itself_when_no_worker_runs(settings):
+    settings.KB_WRITE_WAIT_SECONDS = 20
+    collection_create(name="notes")
+    answer = ingest("notes", NOTE)
+    assert (answer["note"], answer["status"]) == (None, "ready"), answer
+    document = Document.objects.get(pk=answer["doc_id"])
+    assert document.status == DocumentStatus.READY
+    assert document.embedded_count == document.chunk_count == 1
+    assert found_by_meaning("notes", "how ice shapes mountain valleys") == [answer["doc_id"]]
+
+
+def test_a_writer_who_does_not_wait_leaves_the_note_to_the_worker(settings):
+    settings.KB_WRITE_WAIT_SECONDS = 0
+    collection_create(name="notes")
+    answer = ingest("notes", NOTE)
+    assert answer["note"] == STILL_EMBEDDING
+    assert Document.objects.get(pk=answer["doc_id"]).status == DocumentStatus.PENDING
+
+
+def test_a_document_beyond_the_interactive_lane_is_left_to_the_worker(settings):
+    settings.KB_WRITE_WAIT_SECONDS = 0.5
+    settings.KB_INTERACTIVE_MAX_CHUNKS = 1
+    collection_create(name="notes", chunk_max_tokens=20, chunk_min_tokens=1)
+    answer = ingest("notes", "\n\n".join(f"Paragraph {n}: {NOTE}" for n in range(3)))
+    assert answer["chunks_created"] > 1 and answer["note"] == STILL_EMBEDDING
+    assert Document.objects.get(pk=answer["doc_id"]).status == DocumentStatus.PENDING
+
+
+def test_a_provider_error_leaves_the_note_pending_for_the_worker(settings):
+    settings.KB_WRITE_WAIT_SECONDS = 0.5
+    remote_collection(settings, name="remote")  # its provider's address no longer answers
+    answer = ingest("remote", NOTE)
+    assert answer["note"] == STILL_EMBEDDING
+    document = Document.objects.get(pk=answer["doc_id"])
+    assert (document.status, document.error_code) == (DocumentStatus.PENDING, "EMBEDDING_ERROR")
+    assert document.error.endswith("(will retry)")
+    with fake_ollama() as base:  # the provider is back: the worker embeds it
+        settings.OLLAMA_HOST = base
+        assert embed_pending() == 1
+    assert Document.objects.get(pk=answer["doc_id"]).status == DocumentStatus.READY
