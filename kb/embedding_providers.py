@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from django.conf import settings
 
 from kb.errors import ErrorCode, KBError
+from kb.quiet_threads import stop_signals_blocked
 
 logger = logging.getLogger(__name__)
 
@@ -217,10 +218,14 @@ def _onnx_load(model_file: str, threads: int) -> tuple[Any, Any]:
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only
-    session = onnxruntime.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
-    tokenizer = Tokenizer.from_file(str(PACKAGED_TOKENIZER))
-    tokenizer.enable_truncation(max_length=MAX_WORD_PIECES, stride=WINDOW_OVERLAP)
-    tokenizer.no_padding()  # batches are padded after sorting by length
+    # Their thread pools (ONNX Runtime's, and tokenizers' made by a first batch) leave the stop
+    # signals to the main thread (kb.quiet_threads).
+    with stop_signals_blocked():
+        session = onnxruntime.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+        tokenizer = Tokenizer.from_file(str(PACKAGED_TOKENIZER))
+        tokenizer.enable_truncation(max_length=MAX_WORD_PIECES, stride=WINDOW_OVERLAP)
+        tokenizer.no_padding()  # batches are padded after sorting by length
+        tokenizer.encode_batch(["start", "the pool"])
     return session, tokenizer
 
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import psutil
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
@@ -27,6 +28,8 @@ from kb.work_lanes import INTERACTIVE_QUEUE
 # once (cold shutdown: the task is acknowledged late, so the next start embeds that document).
 WARM_STOP_SECONDS = 4.0
 STOP_TIMEOUT_SECONDS = 9.0
+# A worker whose pool processes have all exited finishes in well under this, unless it hangs.
+HUNG_WORKER_SECONDS = 3.5
 START_TIMEOUT_SECONDS = 60.0
 
 
@@ -188,14 +191,40 @@ class Launcher:
         self.children.clear()
 
     def _cold_stop_worker(self, deadline: float) -> None:
+        busy = []
         for name, process in self.children:
-            if "worker" not in name:
-                continue
+            if "worker" in name:
+                try:
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    busy.append(process)
+        if busy:
+            self.say("The worker is still busy; stopping it now (the next start finishes any document it had).")
+        for process in busy:
+            process.send_signal(signal.SIGQUIT)
+        for process in busy:
+            self._end_hung_worker(process)
+
+    def _end_hung_worker(self, process: subprocess.Popen[bytes]) -> None:
+        """A cold stop may leave billiard's main process waiting forever on a lock that its pool
+        process held when it died. With its pool gone it has nothing left to do (an interrupted
+        document is found again by the next start's sweep), so it is ended rather than waited for."""
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS - WARM_STOP_SECONDS
+        pool_gone_at = None
+        while process.poll() is None and time.monotonic() < deadline:
             try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.say("The worker is still embedding; stopping it now (the next start finishes that document).")
-                process.send_signal(signal.SIGQUIT)
+                pool = psutil.Process(process.pid).children()
+            except psutil.NoSuchProcess:
+                return
+            if pool:
+                pool_gone_at = None
+            elif pool_gone_at is None:
+                pool_gone_at = time.monotonic()
+            elif time.monotonic() - pool_gone_at > HUNG_WORKER_SECONDS:
+                self.say("The worker's pool has stopped but the worker has not; ending it.")
+                self._signal_group(process, signal.SIGKILL)
+                return
+            time.sleep(0.1)
 
     @staticmethod
     def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:

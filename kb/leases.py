@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, connections
 
+from kb.quiet_threads import stop_signals_blocked
+
 logger = logging.getLogger(__name__)
 
 
@@ -35,6 +37,10 @@ class LeaseKeeper(threading.Thread):
             logger.warning("could not renew the lease (%s)", self.name, exc_info=True)
         finally:
             connections.close_all()  # this thread's own connection
+
+    def start(self) -> None:
+        with stop_signals_blocked():  # the stop signals are the main thread's (kb.quiet_threads)
+            super().start()
 
     def stop(self) -> None:
         self._stopping.set()
