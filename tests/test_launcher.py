@@ -1,6 +1,7 @@
 """`make run`'s launcher, started as a user would, on a data directory of its own."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,6 +27,16 @@ def descendants(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+# An error line in either format the launcher's log holds: Django's ("2026-... ERROR name: ...")
+# and Celery's and billiard's own ("[2026-...: ERROR/MainProcess] Process 'ForkPoolWorker-1' ...").
+ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback")
+
+
+def assert_clean(log: str) -> None:
+    lines = [line for line in log.splitlines() if ERROR_LINE.search(line)]
+    assert not lines, "\n".join(lines)
 
 
 def start_launcher(tmp_path, port: int) -> ChildProcess:
@@ -79,7 +90,7 @@ def test_it_serves_the_admin_until_ctrl_c_stops_everything_cleanly(tmp_path):
     assert "Embedded Postgres stopped." in first
     # A clean stop is quiet: no ERROR lines (a pool process killed under Celery's feet logs one),
     # and the MCP session managers announce themselves once, not once per profile.
-    assert " ERROR " not in first, first
+    assert_clean(first)  # also billiard's "[…: ERROR/MainProcess] … exited with signal 15"
     assert first.count("session manager") == 1, first
     # A second run finds the same data: the superuser is not created again.
     second = run_once_and_stop(tmp_path)

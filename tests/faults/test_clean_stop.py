@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import signal
 import tempfile
 import time
@@ -33,7 +32,7 @@ import pytest
 
 from tests.conftest import free_port, wait_for
 from tests.support.fake_providers import fake_ollama
-from tests.test_launcher import answers, descendants, start_launcher
+from tests.test_launcher import answers, assert_clean, descendants, start_launcher
 
 # Issue 18's target, from Ctrl-C to the last process gone.
 STOP_DEADLINE_SECONDS = 10
@@ -48,9 +47,6 @@ OLLAMA_DELAY_SECONDS = 1.0
 # has finished the interrupted document.
 START_SECONDS = 180
 FINISH_SECONDS = 400
-# An error line in either format the launcher's log holds: Django's ("2026-... ERROR name: ...")
-# and Celery's and billiard's own ("[2026-...: ERROR/MainProcess] Process 'ForkPoolWorker-1' ...").
-ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback")
 
 WORDS = (
     "river stone harbor lantern meadow copper violet thunder maple orbit canyon ember falcon glacier "
@@ -159,11 +155,6 @@ def chunk_vectors(var: Path, doc_id: str) -> list[int]:
             [doc_id],
         ).fetchall()
     return sorted(n for (n,) in rows)
-
-
-def assert_clean(log: str) -> None:
-    lines = [line for line in log.splitlines() if ERROR_LINE.search(line)]
-    assert not lines, "\n".join(lines)
 
 
 @pytest.mark.timeout(900)
