@@ -5,6 +5,7 @@ Tasks acknowledge late and are rejected back to the queue if their worker dies; 
 broker loses, the sweep finds again from the documents' status and lease in the database.
 """
 
+import contextlib
 import logging
 
 from celery import shared_task
@@ -37,8 +38,14 @@ RETRIED_WITH_BACKOFF = {
 
 @shared_task(**RETRIED_WITH_BACKOFF)
 def embed_document(document_id: str) -> str:
-    if not embedding_pipeline.document_claim(doc_id=document_id):
-        return _held_elsewhere(document_id)
+    try:
+        if not embedding_pipeline.document_claim(doc_id=document_id):
+            return _held_elsewhere(document_id)
+    except DatabaseError as error:
+        # The database is down or restarting: this message is the document's only one for now
+        # (a pending document is swept again only after its deadline), so retry it.
+        logger.warning("could not claim %s (database error), will retry: %s", document_id, error)
+        raise RetryableEmbeddingError(str(error)) from None
     keeper = embedding_pipeline.document_lease_keeper(doc_id=document_id)
     keeper.start()
     try:
@@ -52,9 +59,11 @@ def embed_document(document_id: str) -> str:
     except DatabaseError as error:
         # Connection lost, failover...: give the document back and retry like a provider error.
         logger.warning("embedding %s hit a database error, will retry: %s", document_id, error)
-        embedding_pipeline.document_release(
-            doc_id=document_id, error=EmbeddingError(f"database error: {error}", retryable=True)
-        )
+        # Still down: the lease, no longer renewed, runs out and the retry takes the document over.
+        with contextlib.suppress(DatabaseError):
+            embedding_pipeline.document_release(
+                doc_id=document_id, error=EmbeddingError(f"database error: {error}", retryable=True)
+            )
         raise RetryableEmbeddingError(str(error)) from None
     except Exception as error:
         # A bug must not leave the document "processing" forever: fail it with the reason.
