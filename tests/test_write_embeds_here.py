@@ -12,6 +12,8 @@ import pytest
 from kb.models import Document, DocumentStatus
 from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_create
+from kb.services.documents import document_create_from_text
+from kb.services.embedding_pipeline import documents_embed_for_writer
 from mcp_endpoint.servers import canonical
 from tests.support.fake_providers import fake_ollama, remote_collection
 from tests.support.mcp_client import call_ok, committed_db, tool_threads  # noqa: F401
@@ -73,3 +75,15 @@ def test_a_provider_error_leaves_the_note_pending_for_the_worker(settings):
         settings.OLLAMA_HOST = base
         assert embed_pending() == 1
     assert Document.objects.get(pk=answer["doc_id"]).status == DocumentStatus.READY
+
+
+def test_the_writer_embeds_only_what_its_wait_leaves_time_for():
+    """Many small files of one upload: the wait bounds the writer's own embedding too."""
+    collection = collection_create(name="notes")
+    documents = [
+        document_create_from_text(collection=collection, text=f"{n}: {NOTE}", source_uri=f"note-{n}").document
+        for n in range(4)
+    ]
+    assert documents_embed_for_writer(documents=documents, timeout=0.001) is False
+    statuses = [Document.objects.get(pk=document.pk).status for document in documents]
+    assert statuses.count(DocumentStatus.PENDING) >= 3, statuses

@@ -8,6 +8,7 @@ worker died is taken over once its lease expires. Vectors are inserted with
 """
 
 import logging
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -182,11 +183,14 @@ def documents_embed_for_writer(*, documents: Sequence[Document], timeout: float 
     Their queued message stays: whichever takes a document first embeds it, and whatever fails
     here (a provider error, the database) is left to that message and its retries."""
     timeout = settings.KB_WRITE_WAIT_SECONDS if timeout is None else timeout
-    if timeout > 0:  # a writer told not to wait leaves every document to the workers
-        for document in documents:
-            if document.status == DocumentStatus.PENDING and is_interactive(document.chunk_count):
-                _embed_here(document.pk)
-    return wait_until_searchable(documents, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    for document in documents:
+        # Many files of one upload: what the wait leaves no time for is left to the workers.
+        if time.monotonic() >= deadline:
+            break
+        if document.status == DocumentStatus.PENDING and is_interactive(document.chunk_count):
+            _embed_here(document.pk)
+    return wait_until_searchable(documents, timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _embed_here(doc_id: str) -> None:
