@@ -1,0 +1,44 @@
+"""The server-less default broker: kombu's filesystem transport with whole messages only.
+
+Kombu writes a message by creating its file under its final name and then writing to it, while a
+consumer moves and reads any file with that name without taking the writer's lock (kombu issue
+#1551, open). A consumer that comes in between reads an empty message and dies with an
+unrecoverable JSONDecodeError, which stops the whole system: seen under 50 MCP clients, where the
+web and both workers send embedding tasks at once. Here a message is written under a name no
+consumer looks at and renamed into place when complete; a rename within one folder is atomic.
+"""
+
+import os
+import time
+import uuid
+from contextlib import suppress
+from typing import Any
+
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem
+from kombu.utils.encoding import str_to_bytes
+from kombu.utils.json import dumps
+
+# Consumers only take names of the form "<stamp>_<uuid>.<queue>.msg" (kombu matches what follows
+# the first dot); a name that starts with a dot has nothing before it and never matches.
+UNFINISHED_PREFIX = ".writing-"
+
+
+class Channel(filesystem.Channel):
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+        # Kombu's name: consumers take files in name order, the monotonic milliseconds first.
+        stamp = round(time.monotonic() * 1000)
+        final = os.path.join(self.data_folder_out, f"{stamp}_{uuid.uuid4()}.{queue}.msg")
+        unfinished = os.path.join(self.data_folder_out, f"{UNFINISHED_PREFIX}{uuid.uuid4()}")
+        try:
+            with open(unfinished, "wb") as file:
+                file.write(str_to_bytes(dumps(payload)))
+            os.replace(unfinished, final)
+        except OSError as exc:
+            with suppress(OSError):
+                os.unlink(unfinished)
+            raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+
+class Transport(filesystem.Transport):
+    Channel = Channel

@@ -1,0 +1,87 @@
+"""The default broker never hands a consumer a message that is still being written (kombu #1551):
+under 50 MCP clients a worker read an empty message file and stopped the whole system."""
+
+import subprocess
+import sys
+import threading
+import time
+from contextlib import suppress
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from kombu import Connection
+
+from kb.file_broker import Transport
+
+
+def _connection(folder: Path) -> Connection:
+    return Connection(
+        "filesystem://",
+        transport=settings.CELERY_BROKER_TRANSPORT,
+        transport_options={"data_folder_in": str(folder), "data_folder_out": str(folder), "polling_interval": 0.001},
+    )
+
+
+def test_settings_use_it_for_the_default_broker() -> None:
+    assert settings.CELERY_BROKER_URL == "filesystem://"
+    assert type(_connection(Path("/nonexistent")).transport) is Transport
+
+
+# A producer in its own process (the web, or a worker retrying): one that holds the GIL while it
+# serialises could not be raced by a thread.
+PRODUCER = """
+import sys
+from kombu import Connection
+folder, transport = sys.argv[1:]
+payload = {"rows": [[index, "x" * 20] for index in range(1_500_000)]}
+options = {"data_folder_in": folder, "data_folder_out": folder}
+with Connection("filesystem://", transport=transport, transport_options=options) as connection:
+    connection.SimpleQueue("q").put(payload, serializer="json")
+"""
+
+
+def test_a_consumer_polling_while_a_large_message_is_written_gets_it_whole(tmp_path: Path) -> None:
+    # Serialising this takes about a second; kombu's own transport has the file under its final
+    # name, empty, all that time.
+    producer = subprocess.Popen(
+        [sys.executable, "-c", PRODUCER, str(tmp_path), settings.CELERY_BROKER_TRANSPORT], cwd=settings.BASE_DIR
+    )
+    try:
+        with _connection(tmp_path) as connection:
+            queue = connection.SimpleQueue("q")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with suppress(queue.Empty):
+                    message = queue.get(timeout=0.01)
+                    message.ack()
+                    break
+        assert producer.wait(timeout=60) == 0
+    finally:
+        producer.kill()
+    assert len(message.payload["rows"]) == 1_500_000
+    assert [path.name for path in tmp_path.iterdir()] == []
+
+
+def test_messages_from_several_threads_all_arrive_once(tmp_path: Path) -> None:
+    count = 200
+
+    def produce(offset: int) -> None:
+        with _connection(tmp_path) as connection:
+            queue = connection.SimpleQueue("q")
+            for index in range(offset, count, 4):
+                queue.put({"n": index}, serializer="json")
+
+    producers = [threading.Thread(target=produce, args=(offset,)) for offset in range(4)]
+    for producer in producers:
+        producer.start()
+    for producer in producers:
+        producer.join(timeout=60)
+    with _connection(tmp_path) as connection:
+        queue = connection.SimpleQueue("q")
+        messages = [queue.get(timeout=1) for _ in range(count)]
+        for message in messages:
+            message.ack()
+        with pytest.raises(queue.Empty):
+            queue.get(timeout=0.2)
+    assert sorted(message.payload["n"] for message in messages) == list(range(count))
