@@ -1,4 +1,5 @@
-"""The server-less default broker: kombu's filesystem transport with whole messages only.
+"""The server-less default broker: kombu's filesystem transport with whole messages only, and a
+worker that notices a stop request at once.
 
 Kombu writes a message by creating its file under its final name and then writing to it, while a
 consumer moves and reads any file with that name without taking the writer's lock (kombu issue
@@ -6,6 +7,11 @@ consumer moves and reads any file with that name without taking the writer's loc
 unrecoverable JSONDecodeError, which stops the whole system: seen under 50 MCP clients, where the
 web and both workers send embedding tasks at once. Here a message is written under a name no
 consumer looks at and renamed into place when complete; a rename within one folder is atomic.
+
+Celery's loop for a polled transport like this one waits up to 2 s for a message before it looks
+whether it should stop, and after Ctrl-C goes back to that wait for as long again: two of the
+seven seconds an idle worker took to stop. Here the wait ends at the first poll after a stop
+request.
 """
 
 import os
@@ -14,6 +20,7 @@ import uuid
 from contextlib import suppress
 from typing import Any
 
+from celery.worker import state as worker_state
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
@@ -42,3 +49,18 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    def drain_events(self, connection: Any, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = self.polling_interval if deadline is None else deadline - time.monotonic()
+            try:
+                return super().drain_events(connection, timeout=max(min(left, self.polling_interval), 0.001))
+            except TimeoutError:
+                if _stop_requested() or (deadline is not None and time.monotonic() >= deadline):
+                    raise
+
+
+def _stop_requested() -> bool:
+    """A warm or cold stop of this worker was asked for (Celery's signal handlers set these)."""
+    return worker_state.should_stop is not None or worker_state.should_terminate is not None

@@ -9,6 +9,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import pytest
+from celery.worker import state as worker_state
 from django.conf import settings
 from kombu import Connection
 
@@ -32,6 +33,7 @@ def test_settings_use_it_for_the_default_broker() -> None:
 # serialises could not be raced by a thread.
 PRODUCER = """
 import sys
+from celery.worker import state as worker_state
 from kombu import Connection
 folder, transport = sys.argv[1:]
 payload = {"rows": [[index, "x" * 20] for index in range(1_500_000)]}
@@ -85,3 +87,28 @@ def test_messages_from_several_threads_all_arrive_once(tmp_path: Path) -> None:
         with pytest.raises(queue.Empty):
             queue.get(timeout=0.2)
     assert sorted(message.payload["n"] for message in messages) == list(range(count))
+
+
+def test_an_idle_worker_stops_waiting_for_messages_once_asked_to_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Celery waits in drain_events between its looks at a stop request (2 s each time): the wait
+    # must end at the next poll once its warm-stop handler has set should_stop.
+    monkeypatch.setattr(worker_state, "should_stop", None)
+    ended: list[float] = []
+
+    def wait_for_a_message() -> None:
+        with _connection(tmp_path) as connection:
+            connection.SimpleQueue("q")  # declares it, so there is something to drain
+            started = time.monotonic()
+            with suppress(TimeoutError):
+                connection.drain_events(timeout=30)
+            ended.append(time.monotonic() - started)
+
+    waiter = threading.Thread(target=wait_for_a_message)
+    waiter.start()
+    time.sleep(0.3)
+    worker_state.should_stop = 0  # what Celery's warm-stop handler sets (the exit code)
+    waiter.join(timeout=40)
+    assert len(ended) == 1
+    assert ended[0] < 10, f"drain_events went on for {ended[0]:.1f} s after the stop request"
