@@ -2,7 +2,9 @@
 
 The launcher owns every process it starts. Children run in their own sessions so that a
 Ctrl-C reaches only the launcher, which then stops them in order (web, worker, database)
-and waits for each; a child that dies on its own brings the rest down with it.
+and waits for each. A child that dies on its own after running a while (killed, out of memory, a
+crash) is started again; one that dies soon after its start (a bad setting, a broken install)
+would only die again, so it brings the rest down with it.
 """
 
 import contextlib
@@ -32,6 +34,8 @@ WARM_STOP_SECONDS = 1.5
 STOP_TIMEOUT_SECONDS = 9.0
 # A worker whose pool processes have all exited finishes in well under this, unless it hangs.
 HUNG_WORKER_SECONDS = 3.5
+# A child that ran at least this long before it died is started again.
+RESTART_AFTER_SECONDS = 10.0
 START_TIMEOUT_SECONDS = 60.0
 
 
@@ -42,6 +46,8 @@ class Launcher:
     worker_concurrency: int = 1
     say: Callable[[str], None] = print
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    started_at: dict[str, float] = field(default_factory=dict)
     owns_database: bool = False
     stopping: bool = False
 
@@ -134,12 +140,14 @@ class Launcher:
             python, "-m", "uvicorn", "config.asgi:application", "--host", self.host, "--port", str(self.port),
             "--lifespan", "on", "--no-access-log",
         ]  # fmt: skip
+        self.commands = {"worker": worker, "interactive worker": interactive, "web": web}
+        self.children = [(name, self._spawn(name)) for name in self.commands]
+
+    def _spawn(self, name: str) -> subprocess.Popen[bytes]:
         # The children read the address too: listening beyond loopback makes API tokens required.
         env = {**os.environ, "KB_HOST": self.host, "KB_PORT": str(self.port)}
-        for name, command in (("worker", worker), ("interactive worker", interactive), ("web", web)):
-            self.children.append(
-                (name, subprocess.Popen(command, cwd=settings.BASE_DIR, env=env, start_new_session=True))
-            )
+        self.started_at[name] = time.monotonic()
+        return subprocess.Popen(self.commands[name], cwd=settings.BASE_DIR, env=env, start_new_session=True)
 
     def _announce(self) -> None:
         base = f"http://{self.host}:{self.port}"
@@ -151,10 +159,15 @@ class Launcher:
 
     def _supervise(self) -> int:
         while not self.stopping:
-            for name, process in self.children:
-                if process.poll() is not None:
+            for index, (name, process) in enumerate(self.children):
+                if process.poll() is None:
+                    continue
+                if time.monotonic() - self.started_at[name] < RESTART_AFTER_SECONDS:
                     self.say(f"The {name} process exited with status {process.returncode}; stopping.")
                     return process.returncode or 1
+                self.say(f"The {name} process exited with status {process.returncode}; starting it again.")
+                self._signal_group(process, signal.SIGKILL)  # what it left behind (a pool process)
+                self.children[index] = (name, self._spawn(name))
             if self.owns_database:
                 self._restart_database_if_stopped()
             time.sleep(0.2)
