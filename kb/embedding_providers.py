@@ -218,6 +218,10 @@ def _onnx_load(model_file: str, threads: int) -> tuple[Any, Any]:
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only
+    # Idle intra-op threads sleep instead of spinning for more work: a writer's one-chunk note
+    # cost 57 ms of CPU for 34 ms of wall time with them spinning, 40 ms without (the spinning
+    # thread takes a core from every other caller); batches of 32 embed as fast either way.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # Their thread pools (ONNX Runtime's, and tokenizers' made by a first batch) leave the stop
     # signals to the main thread (kb.quiet_threads).
     with stop_signals_blocked():

@@ -15,6 +15,7 @@ from kb.embedding_providers import (
     EmbeddingError,
     OnnxMiniLMEmbedder,
     SentenceTransformerEmbedder,
+    _onnx_runtime,
     embed_texts,
     embedder_for,
     local_model_path,
@@ -40,6 +41,15 @@ def test_the_local_model_gives_normalised_384_dimensional_vectors():
         assert abs(sum(value * value for value in vector) - 1.0) < 1e-5
     first, second, unrelated = vectors
     assert cosine(first, second) > cosine(first, unrelated) + 0.3
+
+
+def test_the_sessions_idle_threads_sleep_rather_than_spin():
+    # A spinning thread burned a core's worth of CPU around every writer's one-chunk note, taken
+    # from every other caller of the web process (issue 18, item 4).
+    embedder = embedder_for("local", "all-MiniLM-L6-v2")
+    embedder.embed(["warm"])
+    session, _tokenizer = _onnx_runtime(embedder._model_file, embedder.threads)
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 
 def test_texts_of_any_length_come_back_in_their_own_order():
