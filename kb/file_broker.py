@@ -1,5 +1,5 @@
-"""The server-less default broker: kombu's filesystem transport with whole messages only, and a
-worker that notices a stop request at once.
+"""The server-less default broker: kombu's filesystem transport with whole messages and routing
+tables only, and a worker that notices a stop request at once.
 
 Kombu writes a message by creating its file under its final name and then writing to it, while a
 consumer moves and reads any file with that name without taking the writer's lock (kombu issue
@@ -7,6 +7,8 @@ consumer moves and reads any file with that name without taking the writer's loc
 unrecoverable JSONDecodeError, which stops the whole system: seen under 50 MCP clients, where the
 web and both workers send embedding tasks at once. Here a message is written under a name no
 consumer looks at and renamed into place when complete; a rename within one folder is atomic.
+Routing tables (which queue an exchange sends to) had the same kind of race, and lost messages
+silently; see Channel.queue_bind and Channel._queue_bind.
 
 Celery's loop for a polled transport like this one waits up to 2 s for a message before it looks
 whether it should stop, and after Ctrl-C goes back to that wait for as long again: two of the
@@ -15,6 +17,7 @@ request.
 """
 
 import os
+import threading
 import time
 import uuid
 from contextlib import suppress
@@ -29,6 +32,7 @@ from kombu.utils.json import dumps
 # Consumers only take names of the form "<stamp>_<uuid>.<queue>.msg" (kombu matches what follows
 # the first dot); a name that starts with a dot has nothing before it and never matches.
 UNFINISHED_PREFIX = ".writing-"
+_binding = threading.Lock()
 
 
 class Channel(filesystem.Channel):
@@ -45,6 +49,31 @@ class Channel(filesystem.Channel):
             with suppress(OSError):
                 os.unlink(unfinished)
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+    def queue_bind(self, *args: Any, **kwargs: Any) -> None:
+        # Kombu records a binding in the process's memory before it writes it to the table: another
+        # thread of the process (a web server's) that declares the same queue meanwhile takes it as
+        # done, publishes, finds no queue in the table and its message is dropped.
+        with _binding:
+            super().queue_bind(*args, **kwargs)
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        # Kombu creates a missing exchange table by opening it for writing, which empties it before
+        # the lock is taken: a process publishing at that moment reads an empty table and fails
+        # (seen with several producers on a fresh var/celery). The table is made whole here, and
+        # never in place of one another process made meanwhile; kombu then adds the binding to
+        # it under its lock.
+        table = self._exchange_file(exchange)
+        if not table.exists():
+            self.control_folder.mkdir(parents=True, exist_ok=True)
+            unfinished = table.with_name(f"{UNFINISHED_PREFIX}{uuid.uuid4()}")
+            unfinished.write_bytes(str_to_bytes(dumps([])))
+            try:
+                with suppress(FileExistsError):
+                    os.link(unfinished, table)
+            finally:
+                unfinished.unlink()
+        super()._queue_bind(exchange, routing_key, pattern, queue)
 
 
 class Transport(filesystem.Transport):

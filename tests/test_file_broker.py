@@ -1,10 +1,12 @@
 """The default broker never hands a consumer a message that is still being written (kombu #1551):
 under 50 MCP clients a worker read an empty message file and stopped the whole system."""
 
+import json
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from contextlib import suppress
 from pathlib import Path
 
@@ -16,11 +18,21 @@ from kombu import Connection
 from kb.file_broker import Transport
 
 
+def _options(folder: Path) -> dict[str, str]:
+    """Messages in folder/queue; kombu's control folder defaults to ./control."""
+    return {
+        "data_folder_in": str(folder / "queue"),
+        "data_folder_out": str(folder / "queue"),
+        "control_folder": str(folder / "control"),
+    }
+
+
 def _connection(folder: Path) -> Connection:
+    (folder / "queue").mkdir(parents=True, exist_ok=True)
     return Connection(
         "filesystem://",
         transport=settings.CELERY_BROKER_TRANSPORT,
-        transport_options={"data_folder_in": str(folder), "data_folder_out": str(folder), "polling_interval": 0.001},
+        transport_options={**_options(folder), "polling_interval": 0.001},
     )
 
 
@@ -32,12 +44,10 @@ def test_settings_use_it_for_the_default_broker() -> None:
 # A producer in its own process (the web, or a worker retrying): one that holds the GIL while it
 # serialises could not be raced by a thread.
 PRODUCER = """
-import sys
-from celery.worker import state as worker_state
+import json, sys
 from kombu import Connection
-folder, transport = sys.argv[1:]
+options, transport = json.loads(sys.argv[1]), sys.argv[2]
 payload = {"rows": [[index, "x" * 20] for index in range(1_500_000)]}
-options = {"data_folder_in": folder, "data_folder_out": folder}
 with Connection("filesystem://", transport=transport, transport_options=options) as connection:
     connection.SimpleQueue("q").put(payload, serializer="json")
 """
@@ -47,7 +57,8 @@ def test_a_consumer_polling_while_a_large_message_is_written_gets_it_whole(tmp_p
     # Serialising this takes about a second; kombu's own transport has the file under its final
     # name, empty, all that time.
     producer = subprocess.Popen(
-        [sys.executable, "-c", PRODUCER, str(tmp_path), settings.CELERY_BROKER_TRANSPORT], cwd=settings.BASE_DIR
+        [sys.executable, "-c", PRODUCER, json.dumps(_options(tmp_path)), settings.CELERY_BROKER_TRANSPORT],
+        cwd=settings.BASE_DIR,
     )
     try:
         with _connection(tmp_path) as connection:
@@ -62,25 +73,37 @@ def test_a_consumer_polling_while_a_large_message_is_written_gets_it_whole(tmp_p
     finally:
         producer.kill()
     assert len(message.payload["rows"]) == 1_500_000
-    assert [path.name for path in tmp_path.iterdir()] == []
+    assert [path.name for path in (tmp_path / "queue").iterdir()] == []
 
 
-def test_messages_from_several_threads_all_arrive_once(tmp_path: Path) -> None:
-    count = 200
+def test_messages_of_producers_starting_together_on_a_fresh_folder_all_arrive_once(tmp_path: Path) -> None:
+    # Each producer declares the queue, which creates its exchange table when missing: kombu
+    # empties it before locking it, and another producer's message found no queue (or its table
+    # no JSON) and was lost.
+    count, producers = 200, 4
+    # Kombu keeps bindings per process, whatever the folder: a queue name no earlier test declared.
+    name = f"fresh-{uuid.uuid4().hex}"
+    errors: list[Exception] = []
+    together = threading.Barrier(producers)
 
     def produce(offset: int) -> None:
-        with _connection(tmp_path) as connection:
-            queue = connection.SimpleQueue("q")
-            for index in range(offset, count, 4):
-                queue.put({"n": index}, serializer="json")
+        try:
+            with _connection(tmp_path) as connection:
+                together.wait(timeout=30)
+                queue = connection.SimpleQueue(name)
+                for index in range(offset, count, producers):
+                    queue.put({"n": index}, serializer="json")
+        except Exception as error:  # noqa: BLE001 - the failure under test
+            errors.append(error)
 
-    producers = [threading.Thread(target=produce, args=(offset,)) for offset in range(4)]
-    for producer in producers:
-        producer.start()
-    for producer in producers:
-        producer.join(timeout=60)
+    threads = [threading.Thread(target=produce, args=(offset,)) for offset in range(producers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
     with _connection(tmp_path) as connection:
-        queue = connection.SimpleQueue("q")
+        queue = connection.SimpleQueue(name)
         messages = [queue.get(timeout=1) for _ in range(count)]
         for message in messages:
             message.ack()
