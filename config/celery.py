@@ -10,8 +10,13 @@ import os
 from typing import Any
 
 from celery import Celery, bootsteps
+from kombu.transport import TRANSPORT_ALIASES
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+# The default broker, "filesystem://", is kombu's transport with its races fixed
+# (kb/file_broker.py), wherever a connection is made; any other URL keeps its own transport.
+TRANSPORT_ALIASES["filesystem"] = "kb.file_broker:Transport"
 
 logger = logging.getLogger(__name__)
 

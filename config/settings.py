@@ -166,8 +166,7 @@ CELERY_DIR = VAR_DIR / "celery"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL == "filesystem://":
     # The server-less default: messages are files under var/celery, durable across restarts,
-    # each written whole before a consumer can see it (kb/file_broker.py).
-    CELERY_BROKER_TRANSPORT = "kb.file_broker:Transport"
+    # each written whole before a consumer can see it (kb/file_broker.py, see config/celery.py).
     _queue_dir = CELERY_DIR / "queue"
     for _folder in (_queue_dir, CELERY_DIR / "control", CELERY_DIR / "results"):
         _folder.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from celery.worker import state as worker_state
 from django.conf import settings
 from kombu import Connection
 
+from config.celery import app
 from kb.file_broker import Transport
 
 
@@ -31,14 +32,15 @@ def _connection(folder: Path) -> Connection:
     (folder / "queue").mkdir(parents=True, exist_ok=True)
     return Connection(
         "filesystem://",
-        transport=settings.CELERY_BROKER_TRANSPORT,
         transport_options={**_options(folder), "polling_interval": 0.001},
     )
 
 
-def test_settings_use_it_for_the_default_broker() -> None:
+def test_the_default_broker_url_means_this_transport_and_others_keep_theirs() -> None:
     assert settings.CELERY_BROKER_URL == "filesystem://"
     assert type(_connection(Path("/nonexistent")).transport) is Transport
+    assert type(app.connection_for_write().transport) is Transport
+    assert app.connection_for_write(url="redis://127.0.0.1:1/0").transport.driver_type == "redis"
 
 
 # A producer in its own process (the web, or a worker retrying): one that holds the GIL while it
@@ -46,9 +48,10 @@ def test_settings_use_it_for_the_default_broker() -> None:
 PRODUCER = """
 import json, sys
 from kombu import Connection
-options, transport = json.loads(sys.argv[1]), sys.argv[2]
+options = json.loads(sys.argv[1])
+import config.celery  # registers the transport, as every process of ours does
 payload = {"rows": [[index, "x" * 20] for index in range(1_500_000)]}
-with Connection("filesystem://", transport=transport, transport_options=options) as connection:
+with Connection("filesystem://", transport_options=options) as connection:
     connection.SimpleQueue("q").put(payload, serializer="json")
 """
 
@@ -57,7 +60,7 @@ def test_a_consumer_polling_while_a_large_message_is_written_gets_it_whole(tmp_p
     # Serialising this takes about a second; kombu's own transport has the file under its final
     # name, empty, all that time.
     producer = subprocess.Popen(
-        [sys.executable, "-c", PRODUCER, json.dumps(_options(tmp_path)), settings.CELERY_BROKER_TRANSPORT],
+        [sys.executable, "-c", PRODUCER, json.dumps(_options(tmp_path))],
         cwd=settings.BASE_DIR,
     )
     try:
