@@ -16,11 +16,13 @@ seven seconds an idle worker took to stop. Here the wait ends at the first poll 
 request.
 """
 
+import math
 import os
 import threading
 import time
 import uuid
 from contextlib import suppress
+from queue import Empty
 from typing import Any
 
 from celery.worker import state as worker_state
@@ -41,14 +43,17 @@ class Channel(filesystem.Channel):
         stamp = round(time.monotonic() * 1000)
         final = os.path.join(self.data_folder_out, f"{stamp}_{uuid.uuid4()}.{queue}.msg")
         unfinished = os.path.join(self.data_folder_out, f"{UNFINISHED_PREFIX}{uuid.uuid4()}")
+        message = str_to_bytes(dumps(payload))  # before any file exists: it may fail
         try:
             with open(unfinished, "wb") as file:
-                file.write(str_to_bytes(dumps(payload)))
+                file.write(message)
             os.replace(unfinished, final)
-        except OSError as exc:
+        except BaseException as exc:
             with suppress(OSError):
                 os.unlink(unfinished)
-            raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+            if isinstance(exc, OSError):
+                raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+            raise
 
     def queue_bind(self, *args: Any, **kwargs: Any) -> None:
         # Kombu records a binding in the process's memory before it writes it to the table: another
@@ -80,16 +85,30 @@ class Transport(filesystem.Transport):
     Channel = Channel
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:
+        """Kombu's poll loop (virtual.Transport.drain_events), which also ends on a stop request."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            left = self.polling_interval if deadline is None else deadline - time.monotonic()
             try:
-                return super().drain_events(connection, timeout=max(min(left, self.polling_interval), 0.001))
-            except TimeoutError:
-                if _stop_requested() or (deadline is not None and time.monotonic() >= deadline):
-                    raise
+                return self.cycle.get(self._deliver, timeout=timeout)
+            except Empty:
+                left = None if deadline is None else deadline - time.monotonic()
+                if _stop_requested() or (left is not None and left <= 0):
+                    raise TimeoutError from None  # what kombu raises (socket.timeout)
+                time.sleep(min(self.polling_interval or 0, left if left is not None else math.inf))
 
 
 def _stop_requested() -> bool:
-    """A warm or cold stop of this worker was asked for (Celery's signal handlers set these)."""
-    return worker_state.should_stop is not None or worker_state.should_terminate is not None
+    """A warm or cold stop of this worker was asked for: what Celery's signal handlers set, read
+    as its own ``maybe_shutdown`` reads it."""
+    return any(
+        flag is not None and flag is not False for flag in (worker_state.should_stop, worker_state.should_terminate)
+    )
+
+
+def _new_lock_after_fork() -> None:
+    # A pool process forked while another thread held the lock would never get it.
+    global _binding
+    _binding = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)

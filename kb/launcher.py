@@ -160,7 +160,7 @@ class Launcher:
     def _supervise(self) -> int:
         while not self.stopping:
             for index, (name, process) in enumerate(self.children):
-                if process.poll() is None:
+                if process.poll() is None or self.stopping:
                     continue
                 if time.monotonic() - self.started_at[name] < RESTART_AFTER_SECONDS:
                     self.say(f"The {name} process exited with status {process.returncode}; stopping.")
@@ -214,7 +214,7 @@ class Launcher:
                 except subprocess.TimeoutExpired:
                     busy.append(process)
         if busy:
-            self.say("The worker is still busy; stopping it now (the next start finishes any document it had).")
+            self.say("The worker has not stopped yet; stopping it now (the next start finishes any document it had).")
         for process in busy:
             process.send_signal(signal.SIGQUIT)
         for process in busy:

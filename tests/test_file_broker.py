@@ -36,9 +36,9 @@ def _connection(folder: Path) -> Connection:
     )
 
 
-def test_the_default_broker_url_means_this_transport_and_others_keep_theirs() -> None:
+def test_the_default_broker_url_means_this_transport_and_others_keep_theirs(tmp_path: Path) -> None:
     assert settings.CELERY_BROKER_URL == "filesystem://"
-    assert type(_connection(Path("/nonexistent")).transport) is Transport
+    assert type(_connection(tmp_path).transport) is Transport
     assert type(app.connection_for_write().transport) is Transport
     assert app.connection_for_write(url="redis://127.0.0.1:1/0").transport.driver_type == "redis"
 
@@ -113,6 +113,42 @@ def test_messages_of_producers_starting_together_on_a_fresh_folder_all_arrive_on
         with pytest.raises(queue.Empty):
             queue.get(timeout=0.2)
     assert sorted(message.payload["n"] for message in messages) == list(range(count))
+
+
+# Processes of ours (web, workers) declaring a queue at the same moment on a fresh var/celery.
+DECLARER = """
+import json, sys, time
+import config.celery  # registers the transport, as every process of ours does
+from kombu import Connection
+options, start = json.loads(sys.argv[1]), float(sys.argv[2])
+with Connection("filesystem://", transport_options=options) as connection:
+    while time.time() < start:
+        pass
+    connection.SimpleQueue("q").put({"from": "a process"}, serializer="json")
+"""
+
+
+def test_processes_declaring_a_queue_together_on_a_fresh_folder_lose_nothing(tmp_path: Path) -> None:
+    # Kombu creates a missing routing table by opening it for writing, which empties it before
+    # taking its lock: a process reading it then failed (JSONDecodeError) or found no queue.
+    # A script saw 10 processes fail over 15 rounds of 8; with kombu's own table creation
+    # this test failed in 1 of 3 runs here: a guard that catches the race often, not always.
+    for round_number in range(8):
+        folder = tmp_path / f"round-{round_number}"
+        (folder / "queue").mkdir(parents=True)
+        start = time.time() + 1.5
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-c", DECLARER, json.dumps(_options(folder)), str(start)],
+                cwd=settings.BASE_DIR,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(8)
+        ]
+        failures = [error for process in processes if process.wait(timeout=60) for error in [process.stderr.read()]]
+        assert failures == [], failures[0][-2000:]
+        assert len([path for path in (folder / "queue").iterdir() if path.name.endswith(".q.msg")]) == 8
 
 
 def test_an_idle_worker_stops_waiting_for_messages_once_asked_to_stop(

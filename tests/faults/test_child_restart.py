@@ -49,11 +49,19 @@ def test_a_killed_worker_and_web_server_are_started_again(tmp_path):
         time.sleep(RESTART_AFTER_SECONDS + 1)  # a child that dies sooner would stop everything
 
         worker = leader(launcher.process.pid, "celery", "worker", without="interactive")
+        pool = worker.children()
+        assert pool, "the worker has no pool process"
         worker.kill()
         wait_for(
             lambda: "The worker process exited with status -9; starting it again." in launcher.log(),
             timeout=30,
             what="the launcher to start the worker again",
+        )
+        # What the dead worker left (its pool process) is ended, not left to run on its own.
+        wait_for(
+            lambda: not any(process.is_running() and process.status() != psutil.STATUS_ZOMBIE for process in pool),
+            timeout=10,
+            what="the dead worker's pool process to go",
         )
         new_worker = leader(launcher.process.pid, "celery", "worker", without="interactive")
         assert new_worker.pid != worker.pid

@@ -206,7 +206,7 @@ def test_ctrl_c_mid_embedding_stops_everything_cleanly_and_the_next_start_finish
             f"[{provider}] logged at stop:\n{stop_log.rstrip()}"
         )
         # The stop was mid-document: the warm stop could not finish it, the cold one stopped the worker.
-        assert "The worker is still busy; stopping it now" in stop_log, stop_log
+        assert "The worker has not stopped yet; stopping it now" in stop_log, stop_log
 
         # Second start on the same data: the interrupted document is finished, once.
         port = free_port()
