@@ -97,7 +97,7 @@ def main() -> None:
 
     chunks = chunks_of("cranfield", args.chunks)
     queries = [row["text"] for row in read_jsonl(EVAL / "cranfield" / "queries.jsonl")]
-    _, tokenizer = embeddings._onnx_runtime(str(embeddings.local_model_path(PACKAGED_MODEL)), onnx.threads)
+    tokenizer = embeddings._onnx_runtime(str(embeddings.local_model_path(PACKAGED_MODEL)), onnx.threads).tokenizer
     lengths = [len(encoding.ids) for encoding in tokenizer.encode_batch(chunks)]
     print(
         f"{len(chunks)} Cranfield chunks, word pieces mean {sum(lengths) / len(lengths):.0f}, max {max(lengths)} "

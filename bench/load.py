@@ -8,8 +8,10 @@ SIGINT at the end; `--url` targets a server that is already running instead. The
 and the benchmark waits until every document is embedded; a later run finds it and skips this.
 
 Then N clients (half the SDK's Streamable HTTP client on /mcp, half its SSE client on /sse), each
-one session, loop for the given seconds: with probability 0.9 rag_search of a random Cranfield
-query in "load" (hybrid, the collection's top_k of 10), otherwise rag_ingest of a small unique
+one session, loop for the given seconds: with probability 0.9 rag_search in "load" (hybrid, the
+collection's top_k of 10) of a random Cranfield query with 1-3 of its words left out, so that
+nearly every query is new and is embedded as an agent's would be (`--repeat-queries`: the queries
+as they are, which the query cache then answers), otherwise rag_ingest of a small unique
 note as a data: URI into "load-notes" (so the searched corpus stays the same from run to run;
 rag_ingest answers once the note is embedded, at most KB_WRITE_WAIT_SECONDS). A call that raises,
 or answers isError, is an error; the first distinct error texts are printed. A client whose
@@ -25,7 +27,7 @@ the limit.
 `--soak 600` repeats the load in rounds of `--seconds` (new sessions each round) for that long and
 prints the RSS after each round, so one can see whether it keeps growing or stays flat.
 
-    .venv/bin/python bench/load.py [--clients 50] [--seconds 60] [--idle 30] [--soak 0]
+    .venv/bin/python bench/load.py [--clients 50] [--seconds 60] [--idle 30] [--soak 0] [--repeat-queries]
         [--url http://127.0.0.1:8001] [--var-dir var/bench-load] [--env MALLOC_ARENA_MAX=2 ...]
 """
 
@@ -239,6 +241,17 @@ async def session(transport: str, base: str) -> AsyncIterator[ClientSession]:
         yield mcp_session
 
 
+def search_query(rng: random.Random, queries: list[dict], repeat: bool) -> str:
+    """A Cranfield query, or by default one with 1-3 of its words left out: an agent rarely asks the
+    same thing twice, so the query cache must not answer most searches (each query is embedded)."""
+    words = rng.choice(queries)["text"].split()
+    if repeat or len(words) < 5:
+        return " ".join(words)
+    for _ in range(rng.randint(1, 3)):
+        words.pop(rng.randrange(len(words)))
+    return " ".join(words)
+
+
 def note_arguments(rng: random.Random, queries: list[dict]) -> dict:
     text = f"# Load note {uuid.uuid4().hex}\n\nAn agent's note while reading about {rng.choice(queries)['text']}\n"
     return {"uri": "data:text/markdown," + urllib.parse.quote(text), "collection": NOTES}
@@ -257,7 +270,14 @@ async def one_call(mcp_session: ClientSession, kind: str, arguments: dict, trans
 
 
 async def client(
-    number: int, base: str, deadline: float, queries: list[dict], ingest_share: float, out: Round, seed: int
+    number: int,
+    base: str,
+    deadline: float,
+    queries: list[dict],
+    ingest_share: float,
+    out: Round,
+    seed: int,
+    repeat_queries: bool,
 ) -> None:
     transport = "http" if number % 2 == 0 else "sse"
     rng = random.Random(seed * 1000 + number)
@@ -267,7 +287,7 @@ async def client(
                 while time.monotonic() < deadline:
                     kind = "ingest" if rng.random() < ingest_share else "search"
                     if kind == "search":
-                        arguments = {"query": rng.choice(queries)["text"], "collection": COLLECTION}
+                        arguments = {"query": search_query(rng, queries, repeat_queries), "collection": COLLECTION}
                     else:
                         arguments = note_arguments(rng, queries)
                     started = time.perf_counter()
@@ -291,12 +311,14 @@ async def run_round(
     seed: int,
     samples: list,
     label: str,
+    repeat_queries: bool,
 ) -> Round:
     out = Round(calls=[], wall=0.0, session_errors=[])
     started = time.monotonic()
     deadline = started + seconds
     tasks = [
-        asyncio.create_task(client(n, system.base, deadline, queries, ingest_share, out, seed)) for n in range(clients)
+        asyncio.create_task(client(n, system.base, deadline, queries, ingest_share, out, seed, repeat_queries))
+        for n in range(clients)
     ]
     while not all(task.done() for task in tasks):
         await asyncio.wait(tasks, timeout=SAMPLE_SECONDS)
@@ -347,6 +369,11 @@ def main() -> None:
     parser.add_argument("--var-dir", type=Path, default=ROOT / "var" / "bench-load", help="KB_VAR_DIR of kb_run")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="for the launched system")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--repeat-queries",
+        action="store_true",
+        help="search Cranfield's 225 queries as they are, so that the query cache answers most (the old default)",
+    )
     args = parser.parse_args()
     extra_env = dict(item.split("=", 1) for item in args.env)
 
@@ -383,7 +410,8 @@ def main() -> None:
         print(f"load average before the load: {' '.join(f'{value:.2f}' for value in os.getloadavg())}")
         print(
             f"\n{args.clients} clients ({(args.clients + 1) // 2} Streamable HTTP, {args.clients // 2} SSE), "
-            f"{args.ingest_share:.0%} rag_ingest, {rounds} round(s) of {args.seconds:.0f} s"
+            f"{args.ingest_share:.0%} rag_ingest, {rounds} round(s) of {args.seconds:.0f} s, "
+            + ("Cranfield's queries as they are" if args.repeat_queries else "queries with 1-3 words left out")
         )
         all_calls: list[Call] = []
         session_errors: list[str] = []
@@ -400,6 +428,7 @@ def main() -> None:
                     args.seed + number,
                     during,
                     f"round {number}",
+                    args.repeat_queries,
                 )
             )
             end = system.sample(f"end of round {number}")

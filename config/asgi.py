@@ -11,6 +11,10 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# This process embeds the queries (and writers' notes) of many callers at once: each run of the
+# local model takes one core, and runs go side by side up to the number of cores. Two threads per
+# run cost 25% more CPU per query for 2 ms less wall time on an idle machine (README, bench/load.py).
+os.environ.setdefault("KB_ONNX_THREADS", "1")
 django_application = get_asgi_application()
 
 from django.conf import settings  # noqa: E402 - Django must be set up first

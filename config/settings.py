@@ -230,6 +230,9 @@ EMBEDDING_DEFAULT_MODELS = {
 EMBEDDING_PROVIDER = env_choice("EMBEDDING_PROVIDER", "local", EMBEDDING_PROVIDERS)
 EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", EMBEDDING_DEFAULT_MODELS[EMBEDDING_PROVIDER])
 EMBEDDING_BATCH_SIZE = env_int("EMBEDDING_BATCH_SIZE", 32, minimum=1, maximum=2048)
+# Intra-op threads of each run of the packaged local model; 0: every core up to 4 (a worker's
+# batches). The web process sets 1 (config/asgi.py): it runs many callers' queries side by side.
+KB_ONNX_THREADS = env_int("KB_ONNX_THREADS", 0, minimum=0, maximum=64)
 # The only place the local provider loads models from besides its packaged all-MiniLM-L6-v2
 # (collections name them relative to it). Unset: the packaged model only.
 KB_LOCAL_MODELS_DIR = env_optional_path("KB_LOCAL_MODELS_DIR", base=BASE_DIR)

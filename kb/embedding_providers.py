@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from django.conf import settings
 
@@ -91,7 +91,7 @@ class OnnxMiniLMEmbedder:
 
         if self._model_file is None:
             self._model_file = str(local_model_path(self.model_name))
-        session, tokenizer = _onnx_runtime(self._model_file, self.threads)
+        session, tokenizer, turns = _onnx_runtime(self._model_file, self.threads)
         # One row per window: a text longer than the model's window has overflowing encodings.
         windows, owners = [], []
         for index, encoding in enumerate(tokenizer.encode_batch(list(texts))):
@@ -108,7 +108,7 @@ class OnnxMiniLMEmbedder:
             for row, index in enumerate(rows):
                 ids[row, : len(windows[index])] = windows[index]
                 mask[row, : len(windows[index])] = 1
-            with _onnx_turn:
+            with turns:
                 (hidden,) = session.run(
                     ["last_hidden_state"],
                     {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
@@ -163,37 +163,53 @@ def local_embedder(model_name: str) -> OnnxMiniLMEmbedder | SentenceTransformerE
 
 
 def onnx_threads() -> int:
-    """Intra-op threads of the ONNX session: every core this process may use, up to 4.
+    """Intra-op threads of each ONNX run: ``KB_ONNX_THREADS``, or every core this process may use,
+    up to 4.
 
-    On 2 cores, 2 threads against 1: 27 against 22 chunks/s, a query 3.3 against 6 ms. Celery
-    running several worker processes on few cores would oversubscribe them; it runs one by default.
+    A worker embeds one batch at a time, so a run should use every core: on 2 cores, 2 threads
+    against 1 embed 27 against 22 chunks/s. The web process embeds the queries and notes of many
+    callers at once, so config/asgi.py gives each run one thread and runs them side by side: a
+    Cranfield query cost 10.1 ms of CPU with 2 threads against 8.1 ms with 1, for 6.4 against
+    8.1 ms of wall time on an idle machine (``bench/load.py`` figures in README).
     """
+    if settings.KB_ONNX_THREADS:
+        return settings.KB_ONNX_THREADS
+    return min(usable_cores(), 4)
+
+
+def usable_cores() -> int:
     try:
-        cores = len(os.sched_getaffinity(0))  # honours CPU pinning, unlike os.cpu_count()
+        return max(1, len(os.sched_getaffinity(0)))  # honours CPU pinning, unlike os.cpu_count()
     except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, 4))
+        return os.cpu_count() or 1
 
 
 # One session (and tokenizer) per process and model file: ``InferenceSession.run`` is thread-safe.
+# With it, the turns its runs take: runs of many callers at once (searches and notes of 50 clients
+# in the web process) use at most every core between them (usable_cores // threads at a time);
+# more would only fight over the cores and grow ONNX Runtime's memory arena.
 _onnx_lock = threading.Lock()
-# One inference at a time per process: a run already uses every core (onnx_threads), so runs of
-# many callers at once (searches and notes of 50 clients in the web process) would only fight
-# over the cores and grow ONNX Runtime's memory arena; they take turns instead.
-_onnx_turn = threading.Lock()
-_onnx_sessions: dict[tuple[str, int], tuple[Any, Any]] = {}
+_onnx_sessions: dict[tuple[str, int], "OnnxRuntime"] = {}
 # Sessions inherited through fork are never run (their thread pools did not survive) nor freed.
-_forked_sessions: list[dict[tuple[str, int], tuple[Any, Any]]] = []
+_forked_sessions: list[dict[tuple[str, int], "OnnxRuntime"]] = []
 
 
-def _onnx_runtime(model_file: str, threads: int) -> tuple[Any, Any]:
+class OnnxRuntime(NamedTuple):
+    session: Any
+    tokenizer: Any
+    turns: threading.BoundedSemaphore
+
+
+def _onnx_runtime(model_file: str, threads: int) -> OnnxRuntime:
     key = (model_file, threads)
     runtime = _onnx_sessions.get(key)
     if runtime is None:
         with _onnx_lock:
             runtime = _onnx_sessions.get(key)
             if runtime is None:
-                runtime = _onnx_sessions[key] = _onnx_load(model_file, threads)
+                session, tokenizer = _onnx_load(model_file, threads)
+                turns = threading.BoundedSemaphore(max(1, usable_cores() // threads))
+                runtime = _onnx_sessions[key] = OnnxRuntime(session, tokenizer, turns)
     return runtime
 
 
@@ -234,8 +250,8 @@ def _onnx_load(model_file: str, threads: int) -> tuple[Any, Any]:
 
 
 def _forget_sessions_after_fork() -> None:
-    global _onnx_lock, _onnx_turn
-    _onnx_lock, _onnx_turn = threading.Lock(), threading.Lock()
+    global _onnx_lock
+    _onnx_lock = threading.Lock()
     if _onnx_sessions:
         _forked_sessions.append(dict(_onnx_sessions))
         _onnx_sessions.clear()

@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -16,9 +19,12 @@ from kb.embedding_providers import (
     OnnxMiniLMEmbedder,
     SentenceTransformerEmbedder,
     _onnx_runtime,
+    _onnx_sessions,
     embed_texts,
     embedder_for,
     local_model_path,
+    onnx_threads,
+    usable_cores,
 )
 from tests.conftest import ROOT, free_port
 from tests.support.fake_providers import DIMENSIONS, fake_ollama, fake_openai, fake_vector
@@ -48,8 +54,67 @@ def test_the_sessions_idle_threads_sleep_rather_than_spin():
     # from every other caller of the web process (issue 18, item 4).
     embedder = embedder_for("local", "all-MiniLM-L6-v2")
     embedder.embed(["warm"])
-    session, _tokenizer = _onnx_runtime(embedder._model_file, embedder.threads)
+    session = _onnx_runtime(embedder._model_file, embedder.threads).session
     assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+class CountingSession:
+    """ONNX Runtime's session, counting the runs inside it at once (each held there a little)."""
+
+    def __init__(self, session) -> None:
+        self.session, self.inside, self.most = session, 0, 0
+        self._lock = threading.Lock()
+
+    def run(self, *args, **kwargs):
+        with self._lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            time.sleep(0.05)
+            return self.session.run(*args, **kwargs)
+        finally:
+            with self._lock:
+                self.inside -= 1
+
+
+def test_runs_of_many_callers_use_every_core_between_them_and_no_more():
+    # The web process gives each run one thread and runs as many at once as there are cores; a
+    # worker's batch runs on every core, one at a time (issue 18, item 4).
+    cores = usable_cores()
+    for threads, at_once in ((1, cores), (cores, 1)):
+        embedder = OnnxMiniLMEmbedder("all-MiniLM-L6-v2", threads=threads)
+        embedder.embed(["warm"])
+        key = (embedder._model_file, threads)
+        runtime = _onnx_sessions[key]
+        counting = CountingSession(runtime.session)
+        _onnx_sessions[key] = runtime._replace(session=counting)
+        try:
+            with ThreadPoolExecutor(cores + 2) as pool:
+                queries = [[f"query number {n}"] for n in range(4 * cores + 8)]
+                vectors = [tuple(vector) for (vector,) in pool.map(embedder.embed, queries)]
+        finally:
+            _onnx_sessions[key] = runtime
+        assert counting.most == at_once, f"{threads} thread(s) per run"
+        assert len(set(vectors)) == len(vectors)
+
+
+def test_the_web_process_runs_the_model_on_one_thread_unless_told_otherwise(settings):
+    def threads_after(importing: str, **env: str) -> int:
+        code = (
+            f"import {importing}, django; django.setup(); import kb.embedding_providers as e; print(e.onnx_threads())"
+        )
+        clean = {key: value for key, value in os.environ.items() if key != "KB_ONNX_THREADS"}
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.split()[-1])
+
+    assert threads_after("config.asgi") == 1
+    assert threads_after("config.asgi", KB_ONNX_THREADS="3") == 3
+    assert threads_after("config.settings", DJANGO_SETTINGS_MODULE="config.settings") == min(usable_cores(), 4)
+    settings.KB_ONNX_THREADS = 2
+    assert onnx_threads() == 2
 
 
 def test_texts_of_any_length_come_back_in_their_own_order():
