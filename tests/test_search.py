@@ -312,8 +312,14 @@ def test_filters_only_ever_narrow_the_results(corpus, mode):
     assert found(metadata={"no-such-key": 1}) == set()
 
 
-def test_filtered_vector_search_still_fills_top_k_through_the_index(corpus, monkeypatch):
+def test_filtered_vector_search_still_fills_top_k_through_the_index(corpus, monkeypatch, settings):
     collection, _ = corpus
+    # The HNSW index itself (the planner would scan and sort a table this small), returning only
+    # top_k rows a pass: the filter must make it scan on (hnsw.iterative_scan).
+    settings.KB_HNSW_EF_SEARCH = 1
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        cursor.execute("SET enable_sort = off")
     for n in range(30):
         kind = "markdown" if n % 3 == 0 else "plain_text"
         stored = document_create_from_text(
