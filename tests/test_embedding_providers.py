@@ -23,7 +23,6 @@ from kb.embedding_providers import (
     embed_texts,
     embedder_for,
     local_model_path,
-    onnx_threads,
     usable_cores,
 )
 from tests.conftest import ROOT, free_port
@@ -96,25 +95,6 @@ def test_runs_of_many_callers_use_every_core_between_them_and_no_more():
             _onnx_sessions[key] = runtime
         assert counting.most == at_once, f"{threads} thread(s) per run"
         assert len(set(vectors)) == len(vectors)
-
-
-def test_the_web_process_runs_the_model_on_one_thread_unless_told_otherwise(settings):
-    def threads_after(importing: str, **env: str) -> int:
-        code = (
-            f"import {importing}, django; django.setup(); import kb.embedding_providers as e; print(e.onnx_threads())"
-        )
-        clean = {key: value for key, value in os.environ.items() if key != "KB_ONNX_THREADS"}
-        done = subprocess.run(
-            [sys.executable, "-c", code], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=120
-        )
-        assert done.returncode == 0, done.stderr
-        return int(done.stdout.split()[-1])
-
-    assert threads_after("config.asgi") == 1
-    assert threads_after("config.asgi", KB_ONNX_THREADS="3") == 3
-    assert threads_after("config.settings", DJANGO_SETTINGS_MODULE="config.settings") == min(usable_cores(), 4)
-    settings.KB_ONNX_THREADS = 2
-    assert onnx_threads() == 2
 
 
 def test_texts_of_any_length_come_back_in_their_own_order():

@@ -141,14 +141,16 @@ class BM25Scorer:
         k1, b = settings.KB_BM25_K1, settings.KB_BM25_B
         restrict = "" if chunk_ids is None else "AND p.chunk_id = ANY(%s)"
         allowed, allowed_params = self._allowed_join()
+        # k1 * (1 - b + b * length / avgdl), as float8: numbers bound untyped would be numeric, whose
+        # arithmetic made summing the postings five times slower than reading them.
         sql = f"""
-            SELECT p.chunk_id, sum(q.weight * p.tf / (p.tf + %s * (1 - %s + %s * p.chunk_length / %s)))
+            SELECT p.chunk_id, sum(q.weight * p.tf / (p.tf + %s::float8 + %s::float8 * p.chunk_length))
             FROM unnest(%s::text[], %s::float8[]) AS q(term, weight)
             JOIN kb_posting p ON p.collection_id = ANY(%s) AND p.term = q.term {restrict}
             {allowed}
             GROUP BY p.chunk_id
         """
-        params: list[Any] = [k1, b, b, self.avgdl, list(terms), [self.weights[term] for term in terms]]
+        params: list[Any] = [k1 * (1 - b), k1 * b / self.avgdl, list(terms), [self.weights[term] for term in terms]]
         params.append(list(self.filters.collection_ids))
         if chunk_ids is not None:
             params.append(chunk_ids)
