@@ -6,7 +6,6 @@ transports (``/sse``, ``/messages/``, ``/mcp``, ``/profiles/<name>/...``), to st
 to Django (admin, API, health) for everything else.
 """
 
-import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -40,11 +39,3 @@ def build_application() -> Starlette:
 
 
 application = build_application()
-
-
-# What is loaded by now lives as long as the process: frozen, the cyclic collector no longer walks
-# it, and it looks at young objects after 20,000 new ones instead of 700. Under the 50-client load
-# it had held the interpreter, every thread stopped, for 2.6 s a minute (full collections of
-# 130 ms); now for about 0.1 s, with the same memory (README, bench/load.py).
-gc.freeze()
-gc.set_threshold(20_000, 10, 10)

@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 
 def printed_after(importing: str, expression: str, **env: str) -> str:
     """What ``expression`` prints in a fresh interpreter that imported ``importing`` (Django set up)."""
-    code = f"import {importing}, django; django.setup(); import gc, kb.embedding_providers as e; print({expression})"
+    code = f"import {importing}, django; django.setup(); import kb.embedding_providers as e; print({expression})"
     clean = {key: value for key, value in os.environ.items() if key != "KB_ONNX_THREADS"}
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=120
@@ -27,10 +27,3 @@ def test_the_web_process_runs_the_model_on_one_thread_unless_told_otherwise(sett
     assert workers == str(min(usable_cores(), 4))
     settings.KB_ONNX_THREADS = 2
     assert onnx_threads() == 2
-
-
-def test_the_web_process_keeps_what_it_loaded_out_of_the_cyclic_collector():
-    frozen, threshold = printed_after("config.asgi", "gc.get_freeze_count(), gc.get_threshold()[0]").split()
-    assert int(frozen) > 10_000  # Django, the MCP servers and their schemas
-    assert int(threshold) == 20_000
-    assert printed_after("config.settings", "gc.get_freeze_count(), gc.get_threshold()[0]") == "0 700"
