@@ -99,7 +99,7 @@ def test_keyword_search_is_exact_bm25_even_when_pruned(db, monkeypatch, budget):
 
 def test_bm25_sums_its_postings_in_double_precision(corpus):
     """Numbers bound untyped are numeric in Postgres: summing the postings in numeric arithmetic took
-    five times as long as reading them (README, Search speed)."""
+    three times as long as reading them (README, Search speed)."""
     collection, _ = corpus
     keyword = bm25.KeywordQuery.of("shock pressure flow", filters.Filters(collection_ids=(collection.pk,)))
     sql, params = keyword.scorer._sum_per_chunk(list(keyword.scorer.weights), None)
