@@ -17,7 +17,7 @@ def printed_after(importing: str, expression: str, **env: str) -> str:
         [sys.executable, "-c", code], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout.split("\n")[-2]
+    return done.stdout.splitlines()[-1]
 
 
 def test_the_web_process_runs_the_model_on_one_thread_unless_told_otherwise(settings):

@@ -23,8 +23,8 @@ class QueryEmbeddingCache:
     """LRU of query vectors per (provider, model, query): repeated queries are not re-embedded.
 
     A vector is kept in pgvector's text form, as the statements take it: a search sends it twice
-    (its nearest chunks, then the similarity of chunks found by keyword), and writing 384 floats
-    as text cost about 0.1 ms each time."""
+    (its nearest chunks, then the similarity of chunks found by keyword), and writing a vector's
+    floats as text cost about 0.1 ms each time (384 of them)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
