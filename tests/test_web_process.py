@@ -5,13 +5,16 @@ import os
 import subprocess
 import sys
 
+import httpx
+from django.db import connection
+
 from kb.embedding_providers import onnx_threads, usable_cores
 from tests.conftest import ROOT
 
 
 def printed_after(importing: str, expression: str, **env: str) -> str:
     """What ``expression`` prints in a fresh interpreter that imported ``importing`` (Django set up)."""
-    code = f"import {importing}, django; django.setup(); import kb.embedding_providers as e; print({expression})"
+    code = f"import {importing}, django; django.setup(); import gc, kb.embedding_providers as e; print({expression})"
     clean = {key: value for key, value in os.environ.items() if key != "KB_ONNX_THREADS"}
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=120
@@ -27,3 +30,27 @@ def test_the_web_process_runs_the_model_on_one_thread_unless_told_otherwise(sett
     assert workers == str(min(usable_cores(), 4))
     settings.KB_ONNX_THREADS = 2
     assert onnx_threads() == 2
+
+
+def test_the_web_process_keeps_what_it_loaded_out_of_the_cyclic_collector():
+    frozen, threshold = printed_after("config.asgi", "gc.get_freeze_count(), gc.get_threshold()[0]").split()
+    assert int(frozen) > 10_000  # Django, the MCP servers and their schemas
+    assert int(threshold) == 20_000
+    assert printed_after("config.settings", "gc.get_freeze_count(), gc.get_threshold()[0]") == "0 700"
+
+
+def test_a_request_to_django_closes_its_database_connection_as_it_finishes(live_server_url):
+    """Each request runs in a thread of its own: a connection left open would wait for the
+    collector, and enough requests between two collections exhaust Postgres' connections."""
+    with httpx.Client(base_url=live_server_url, timeout=30) as client:
+        for _ in range(40):
+            assert client.get("/api/collections").status_code == 200
+    assert _other_connections() <= 2  # the web process may keep its tool threads' connections
+
+
+def _other_connections() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
