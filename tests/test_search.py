@@ -8,6 +8,7 @@ from django.db import connection
 
 from kb import search as search_module
 from kb.errors import ErrorCode, KBError
+from kb.models import Collection
 from kb.search import bm25, filters, fusion, search, service, vectors
 from kb.services.collections import collection_create, collection_update
 from kb.services.documents import document_create_from_text, document_delete
@@ -392,6 +393,18 @@ def test_repeated_queries_are_not_embedded_again(corpus):
     misses, hits = cache.misses, cache.hits
     search(query="an uncached query about nozzles", collections=["aero"], mode="semantic")
     assert (cache.misses, cache.hits) == (misses, hits + 1)
+
+
+def test_a_remembered_query_vector_is_searched_with_and_not_embedded(corpus):
+    cache = search_module.query_embeddings
+    model = Collection.objects.get(name="aero").embedding_model
+    stored = cache.vector(model, "supersonic flow over a cone")
+    cache.remember(model, "a query nobody embedded", [float(value) for value in stored.strip("[]").split(",")])
+    misses = cache.misses
+    by_vector = search(query="a query nobody embedded", collections=["aero"], mode="semantic").results
+    assert cache.misses == misses
+    expected = search(query="supersonic flow over a cone", collections=["aero"], mode="semantic").results
+    assert [result.chunk_id for result in by_vector] == [result.chunk_id for result in expected] != []
 
 
 def test_collections_with_different_models_are_searched_together(corpus, settings):

@@ -5,6 +5,7 @@ One query vector per model, cached (``query_embeddings``).
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from django.conf import settings
 from pgvector import Vector
@@ -40,13 +41,18 @@ class QueryEmbeddingCache:
                 self._items.move_to_end(key)
                 self.hits += 1
                 return self._items[key]
-        vector = Vector(embed_texts(model.provider, model.name, [query])[0]).to_text()
-        with self._lock:
             self.misses += 1
-            self._items[key] = vector
+        return self.remember(model, query, embed_texts(model.provider, model.name, [query])[0])
+
+    def remember(self, model: EmbeddingModel, query: str, vector: Sequence[float]) -> str:
+        """Keep ``query``'s vector of ``model`` (bench/search.py gives vectors it computed itself)."""
+        key, text = (model.provider, model.name, query), Vector(vector).to_text()
+        with self._lock:
+            self._items[key] = text
+            self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
-        return vector
+        return text
 
 
 query_embeddings = QueryEmbeddingCache(settings.KB_QUERY_CACHE_SIZE)
