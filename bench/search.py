@@ -17,8 +17,9 @@ then serves them); the embedding time per query is reported separately.
 
 Prints, per corpus size: build times and database sizes, p50/p95 latency per mode, HNSW
 recall@10 against exact search, agreement of the keyword top 10 with an exact, unpruned BM25;
-``--ef-search 100 200 400`` adds recall, semantic and hybrid latency, and how often hybrid's top
-10 equals hybrid over an exact vector scan, at each ``hnsw.ef_search``. ``--plot FILE`` draws
+``--ef-search 100 200 400`` adds recall, semantic and hybrid latency, and how much of hybrid's top
+10 hybrid over an exact vector scan also returns, at each ``KB_HNSW_EF_SEARCH`` (which semantic
+search widens with the index's size). ``--plot FILE`` draws
 p50/p95 against corpus size (log-log; needs matplotlib, which ``make bench-search`` installs).
 
     .venv/bin/python bench/search.py [--sizes 10000 100000] [--vectors real|hash|random] [--queries 200]
@@ -396,6 +397,18 @@ def hybrid_exact_overlap(collection: str, queries: list[str]) -> float:
     )
 
 
+def semantic_breadth(collection: str) -> int:
+    """The hnsw.ef_search a semantic top 10 of this corpus gets (it grows with the index)."""
+    from django.db import connection
+
+    from kb.models import Collection
+    from kb.vector_index import ef_search
+
+    model = Collection.objects.select_related("embedding_model").get(name=collection).embedding_model
+    with connection.cursor() as cursor:
+        return ef_search(model, 10, cursor, ranked=True)
+
+
 def embed_queries(collection: str, queries: list[str], kind: str) -> float:
     """Put the queries' vectors in the service's cache; ms per query."""
     from kb.models import Collection
@@ -454,7 +467,7 @@ def measure(size: int, args: argparse.Namespace) -> dict:
         default, settings.KB_HNSW_EF_SEARCH = settings.KB_HNSW_EF_SEARCH, ef_search
         semantic, hybrid = latency(collection, queries, "semantic"), latency(collection, queries, "hybrid")
         print(
-            f"  ef_search {ef_search:4d}: recall@10 {hnsw_recall(collection, queries[:100]):.3f}   "
+            f"  KB_HNSW_EF_SEARCH {ef_search:4d} (semantic searches {semantic_breadth(collection)} wide): recall@10 {hnsw_recall(collection, queries[:100]):.3f}   "
             f"semantic p50/p95 {semantic[0]:.1f} / {semantic[1]:.1f} ms   hybrid {hybrid[0]:.1f} / {hybrid[1]:.1f} ms   "
             f"hybrid top 10 also with exact vectors: {hybrid_exact_overlap(collection, queries[:100]):.3f}"
         )
@@ -482,7 +495,7 @@ def main() -> None:
         nargs="+",
         type=int,
         metavar="EF",
-        help="also measure semantic and hybrid at these hnsw.ef_search",
+        help="also measure semantic and hybrid at these KB_HNSW_EF_SEARCH",
     )
     parser.add_argument("--plot", type=Path, help="draw p50/p95 against corpus size into this image")
     args = parser.parse_args()

@@ -5,12 +5,22 @@ model gets a partial expression index, ``(vector::vector(D)) WHERE model_id = M`
 searches use the same expression and predicate so the planner picks it.
 """
 
+import math
+import time
+
+from django.conf import settings
 from django.db import connection
 
 from kb.models import EmbeddingModel
 
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
+MAX_EF_SEARCH = 1000  # pgvector's limit
+# Up to this many vectors in a model's index, KB_HNSW_EF_SEARCH as it is (see ef_search).
+EF_SEARCH_BASE_SIZE = 10_000
+INDEX_SIZE_SECONDS = 60  # how long a process trusts the size it last read
+
+_index_sizes: dict[int, tuple[float, float]] = {}  # model id -> (vectors, monotonic time read)
 
 
 def hnsw_index_name(model: EmbeddingModel) -> str:
@@ -43,3 +53,30 @@ def ensure_hnsw_index(model: EmbeddingModel) -> None:
 def drop_hnsw_index(model: EmbeddingModel) -> None:
     with connection.cursor() as cursor:
         cursor.execute(f"DROP INDEX IF EXISTS {hnsw_index_name(model)}")
+
+
+def ef_search(model: EmbeddingModel, depth: int, cursor, *, ranked: bool) -> int:  # noqa: ANN001 - a DB cursor
+    """hnsw.ef_search for the ``depth`` nearest vectors of ``model``.
+
+    A graph search of fixed breadth finds fewer of the true nearest as the graph grows, so a
+    list that is the answer (``ranked``: semantic search) searches KB_HNSW_EF_SEARCH wide up to
+    EF_SEARCH_BASE_SIZE vectors and wider with the square root of the index's size beyond.
+    A candidate list (hybrid) keeps KB_HNSW_EF_SEARCH: its chunks and the keyword list's are
+    all re-scored exactly, so a near neighbour it misses seldom matters (README, Search speed)."""
+    breadth = settings.KB_HNSW_EF_SEARCH
+    if ranked:
+        breadth *= math.sqrt(max(1.0, indexed_vectors(model, cursor) / EF_SEARCH_BASE_SIZE))
+    return min(MAX_EF_SEARCH, max(depth, round(breadth)))
+
+
+def indexed_vectors(model: EmbeddingModel, cursor) -> float:  # noqa: ANN001 - a DB cursor
+    """Vectors in the model's HNSW index as Postgres last counted them (CREATE INDEX, VACUUM,
+    ANALYZE): a catalogue read at most once a minute per process."""
+    known = _index_sizes.get(model.pk)
+    if known and time.monotonic() - known[1] < INDEX_SIZE_SECONDS:
+        return known[0]
+    cursor.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [hnsw_index_name(model)])
+    row = cursor.fetchone()
+    size = max(0.0, row[0]) if row else 0.0  # -1: never counted yet
+    _index_sizes[model.pk] = (size, time.monotonic())
+    return size

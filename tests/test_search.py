@@ -7,6 +7,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from kb import search as search_module
+from kb import vector_index
 from kb.errors import ErrorCode, KBError
 from kb.models import Collection
 from kb.search import bm25, filters, fusion, search, service, vectors
@@ -393,6 +394,30 @@ def test_repeated_queries_are_not_embedded_again(corpus):
     misses, hits = cache.misses, cache.hits
     search(query="an uncached query about nozzles", collections=["aero"], mode="semantic")
     assert (cache.misses, cache.hits) == (misses, hits + 1)
+
+
+def test_semantic_search_searches_the_graph_wider_as_it_grows_and_hybrid_does_not(corpus, monkeypatch):
+    # The index of this small corpus stands for one EF_SEARCH_BASE_SIZE times larger.
+    monkeypatch.setattr(vector_index, "EF_SEARCH_BASE_SIZE", 2)
+    monkeypatch.setattr(vector_index, "_index_sizes", {})
+    model = Collection.objects.get(name="aero").embedding_model
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE kb_embedding")  # counts the index's vectors, as autovacuum would
+        cursor.execute("SELECT count(*) FROM kb_embedding WHERE model_id = %s", [model.pk])
+        vectors = cursor.fetchone()[0]
+    breadths: list[int] = []
+
+    def record(execute, sql, params, many, context):
+        if sql.startswith("SET LOCAL hnsw.ef_search"):
+            breadths.append(int(sql.rsplit(" ", 1)[1]))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        search(query="shock wave pressure", collections=["aero"], mode="semantic")
+        search(query="shock wave pressure", collections=["aero"], mode="hybrid")
+    widened = round(django_settings.KB_HNSW_EF_SEARCH * math.sqrt(vectors / 2))
+    assert vectors > 2
+    assert breadths == [min(1000, widened), django_settings.KB_HNSW_EF_SEARCH]
 
 
 def test_a_remembered_query_vector_is_searched_with_and_not_embedded(corpus):

@@ -125,7 +125,7 @@ def search(
         vector_hits: dict[int, tuple[int, float]] = {}
         if mode in ("semantic", "hybrid") and weight > 0.0:
             try:
-                vector_hits = vector_search(query, targets, filters, depth)
+                vector_hits = vector_search(query, targets, filters, depth, ranked=mode == "semantic")
             except EmbeddingError as error:
                 if mode == "semantic":
                     raise

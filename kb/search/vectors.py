@@ -14,7 +14,7 @@ from kb.embedding_providers import EmbeddingError, embed_texts
 from kb.models import Collection, EmbeddingModel
 from kb.replicas import read_connection
 from kb.search.filters import Filters
-from kb.vector_index import vector_expression
+from kb.vector_index import ef_search, vector_expression
 
 # Below this many chunks left by a filter, an exact vector scan beats walking the HNSW graph.
 EXACT_SCAN_LIMIT = 5000
@@ -66,20 +66,25 @@ def by_model(targets: list[Collection]) -> dict[int, tuple[EmbeddingModel, list[
     return groups
 
 
-def vector_search(query: str, targets: list[Collection], filters: Filters, depth: int) -> dict[int, tuple[int, float]]:
-    """chunk id -> (rank within its model's list, cosine similarity). One query vector per model."""
+def vector_search(
+    query: str, targets: list[Collection], filters: Filters, depth: int, *, ranked: bool
+) -> dict[int, tuple[int, float]]:
+    """chunk id -> (rank within its model's list, cosine similarity). One query vector per model.
+    ``ranked``: the list is the answer (semantic search), not candidates to re-score (hybrid)."""
     hits: dict[int, tuple[int, float]] = {}
     for model, collection_ids in by_model(targets).values():
         if not model.dimensions:
             continue  # nothing embedded with this model yet
         vector = query_embeddings.vector(model, query)
         scoped = filters.within(collection_ids)
-        for rank, (chunk_id, similarity) in enumerate(_nearest(model, vector, scoped, depth), start=1):
+        for rank, (chunk_id, similarity) in enumerate(_nearest(model, vector, scoped, depth, ranked), start=1):
             hits[chunk_id] = (rank, similarity)
     return hits
 
 
-def _nearest(model: EmbeddingModel, query_vector: str, filters: Filters, depth: int) -> list[tuple[int, float]]:
+def _nearest(
+    model: EmbeddingModel, query_vector: str, filters: Filters, depth: int, ranked: bool
+) -> list[tuple[int, float]]:
     expression = vector_expression(model, alias="e")
     with read_connection().cursor() as cursor:
         if filters.narrows_documents:
@@ -97,7 +102,7 @@ def _nearest(model: EmbeddingModel, query_vector: str, filters: Filters, depth: 
             document_join = (
                 f"JOIN kb_chunk c ON c.id = e.chunk_id JOIN kb_document d ON d.id = c.document_id AND {where}"
             )
-        cursor.execute(f"SET LOCAL hnsw.ef_search = {max(settings.KB_HNSW_EF_SEARCH, depth)}")
+        cursor.execute(f"SET LOCAL hnsw.ef_search = {ef_search(model, depth, cursor, ranked=ranked)}")
         cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
         # relaxed_order may return neighbours slightly out of order: sort again outside.
         cursor.execute(
