@@ -1,9 +1,11 @@
+from importlib import import_module
+
 from django.db import connection
 
 from kb.embedding_providers import MINILM_DIMENSIONS
 from kb.models import EmbeddingModel
 from kb.services.embedding_models import embedding_model_record_dimensions
-from kb.vector_index import hnsw_index_name
+from kb.vector_index import HNSW_EF_CONSTRUCTION, HNSW_M, hnsw_index_name
 
 
 def indexdefs() -> dict[str, str]:
@@ -78,3 +80,27 @@ def test_child_rows_are_removed_by_database_cascades(db):
         cascades = cursor.fetchall()
     tables = sorted(table for table, action in cascades if action == "c")
     assert tables == ["kb_chunk", "kb_chunk", "kb_document", "kb_embedding", "kb_embedding"]
+
+
+def reloptions(index: str) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [index])
+        return cursor.fetchone()[0]
+
+
+def test_vector_indexes_are_built_with_a_well_connected_graph(db):
+    model = EmbeddingModel.objects.create(provider="ollama", name="tiny-3d")
+    embedding_model_record_dimensions(model=model, dimensions=3)
+    assert reloptions(hnsw_index_name(model)) == [f"m={HNSW_M}", f"ef_construction={HNSW_EF_CONSTRUCTION}"]
+
+
+def test_an_index_built_before_inserts_with_the_new_ef_construction_after_migration_0011(db):
+    model = EmbeddingModel.objects.create(provider="ollama", name="tiny-3d", dimensions=3)
+    index = hnsw_index_name(model)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE INDEX {index} ON kb_embedding USING hnsw ((vector::vector(3)) vector_cosine_ops) "
+            f"WITH (m = 16, ef_construction = 64) WHERE model_id = {model.pk}"
+        )
+        cursor.execute(import_module("kb.migrations.0011_hnsw_ef_construction").SET_EF_CONSTRUCTION % 200)
+    assert reloptions(index) == ["m=16", "ef_construction=200"]
