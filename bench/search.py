@@ -192,12 +192,14 @@ def _add_vectors(collection, kind: str) -> bool:
 
     from kb.models import Chunk
     from kb.services.embedding_pipeline import insert_vectors, unembedded_batch
+    from kb.vector_index import drop_hnsw_index
 
     model = collection.embedding_model
     chunks = Chunk.objects.filter(collection=collection).order_by("id")
     total = chunks.count() - model.embeddings.filter(collection=collection).count()
     if not total:
         return False
+    drop_hnsw_index(model)  # built afterwards in one go, far faster than vector by vector
     with Timer() as timer:
         if kind == "random":
             with connection.cursor() as cursor:
@@ -498,9 +500,15 @@ def main() -> None:
         help="also measure semantic and hybrid at these KB_HNSW_EF_SEARCH",
     )
     parser.add_argument("--plot", type=Path, help="draw p50/p95 against corpus size into this image")
+    parser.add_argument("--build-only", action="store_true", help="build the corpora, measure nothing")
     args = parser.parse_args()
     setup_django()
     from django.conf import settings
+
+    if args.build_only:
+        for size in args.sizes:
+            build(size, args.vectors, args.text_roots, args.rebuild)
+        return
 
     rows = [measure(size, args) for size in args.sizes]
     print(f"\nchunk vectors: {args.vectors}; KB_HNSW_EF_SEARCH={settings.KB_HNSW_EF_SEARCH}")
