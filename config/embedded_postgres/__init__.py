@@ -60,11 +60,22 @@ def ensure_running(data_dir: Path, *, database: str = DEFAULT_DATABASE, stop_at_
         return embedded
 
 
+CGROUP_MEMORY_LIMIT = Path("/sys/fs/cgroup/memory.max")
+
+
 def shared_buffers_mb() -> int:
-    """A quarter of the machine's memory, as PostgreSQL's documentation advises, between its
-    default of 128 MB and 4 GB. At 1,000,000 chunks the HNSW index alone is 1.4 GB: read through
-    128 MB of buffers, semantic search took twice as long (README, Search speed)."""
-    return max(128, min(4096, psutil.virtual_memory().total // (4 * 2**20)))
+    """A quarter of the memory this process may use, as PostgreSQL's documentation advises,
+    between its default of 128 MB and 4 GB. At 1,000,000 chunks the HNSW index alone is 1.4 GB:
+    read through 128 MB of buffers, semantic search took twice as long (README, Search speed)."""
+    return max(128, min(4096, usable_memory() // (4 * 2**20)))
+
+
+def usable_memory() -> int:
+    """Bytes of memory: the machine's, or a container's limit (cgroup v2) when that is lower."""
+    memory = psutil.virtual_memory().total
+    with contextlib.suppress(OSError, ValueError):  # no cgroup v2, or "max"
+        memory = min(memory, int(CGROUP_MEMORY_LIMIT.read_text().strip()))
+    return memory
 
 
 def _has_shared_buffers(server, megabytes: int) -> bool:  # noqa: ANN001 - pgserver's handle
