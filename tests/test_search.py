@@ -9,7 +9,7 @@ from django.db import connection
 from kb import search as search_module
 from kb import vector_index
 from kb.errors import ErrorCode, KBError
-from kb.models import Collection
+from kb.models import Chunk, Collection
 from kb.search import bm25, filters, fusion, search, service, vectors
 from kb.services.collections import collection_create, collection_update
 from kb.services.documents import document_create_from_text, document_delete
@@ -418,6 +418,14 @@ def test_semantic_search_searches_the_graph_wider_as_it_grows_and_hybrid_does_no
     widened = round(django_settings.KB_HNSW_EF_SEARCH * math.sqrt(vectors / 2))
     assert vectors > 2
     assert breadths == [min(1000, widened), django_settings.KB_HNSW_EF_SEARCH]
+
+
+def test_a_candidate_list_deeper_than_the_widest_graph_search_is_still_filled(corpus):
+    # pgvector searches at most 1,000 wide; the iterative scan goes on for the rest.
+    everything = Chunk.objects.filter(collection__name="aero").count()
+    for mode in ("semantic", "hybrid"):
+        response = search(query="shock wave", collections=["aero"], mode=mode, top_k=100, candidate_depth=5000)
+        assert len(response.results) == min(100, everything)
 
 
 def test_a_remembered_query_vector_is_searched_with_and_not_embedded(corpus):
