@@ -139,14 +139,22 @@ class BM25Scorer:
 
     def _sum_per_chunk(self, terms: list[str], chunk_ids: list[int] | None) -> tuple[str, list[Any]]:
         k1, b = settings.KB_BM25_K1, settings.KB_BM25_B
-        restrict = "" if chunk_ids is None else "AND p.chunk_id = ANY(%s)"
+        restrict = "" if chunk_ids is None else "AND chunk_id = ANY(%s)"
         allowed, allowed_params = self._allowed_join()
         # k1 * (1 - b + b * length / avgdl), as float8: numbers bound untyped would be numeric, whose
         # arithmetic made summing the postings take three times as long as reading them.
+        # LATERAL: each term's postings are read through the (collection, term) index whatever the
+        # planner believes of the collection. A collection created after kb_posting was last
+        # analysed looks empty to it, and a plain join then read all its postings for every term
+        # (147 ms instead of 5 for a Cranfield query beside a million-chunk collection).
         sql = f"""
             SELECT p.chunk_id, sum(q.weight * p.tf / (p.tf + %s::float8 + %s::float8 * p.chunk_length))
             FROM unnest(%s::text[], %s::float8[]) AS q(term, weight)
-            JOIN kb_posting p ON p.collection_id = ANY(%s) AND p.term = q.term {restrict}
+            CROSS JOIN LATERAL (
+                SELECT chunk_id, tf, chunk_length FROM kb_posting
+                WHERE collection_id = ANY(%s) AND term = q.term {restrict}
+                OFFSET 0  -- kept a subquery per term: the planner would flatten it into the plain join
+            ) AS p
             {allowed}
             GROUP BY p.chunk_id
         """
