@@ -73,13 +73,17 @@ def ef_search(model: EmbeddingModel, depth: int, cursor, *, ranked: bool) -> int
 
 
 def indexed_vectors(model: EmbeddingModel, cursor) -> float:  # noqa: ANN001 - a DB cursor
-    """Vectors in the model's HNSW index as Postgres last counted them (CREATE INDEX, VACUUM,
-    ANALYZE): a catalogue read at most once a minute per process."""
+    """About how many vectors the model's HNSW index holds: the chunks of the collections that
+    search with the model, which triggers keep counted (Postgres' own count of an index that grows
+    by inserts lags until autovacuum). Read at most once a minute per process."""
     known = _index_sizes.get(model.pk)
     if known and time.monotonic() - known[1] < INDEX_SIZE_SECONDS:
         return known[0]
-    cursor.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [hnsw_index_name(model)])
-    row = cursor.fetchone()
-    size = max(0.0, row[0]) if row else 0.0  # -1: never counted yet
+    cursor.execute(
+        "SELECT coalesce(sum(s.chunk_count), 0)::float8 FROM kb_collection_stats s "
+        "JOIN kb_collection c ON c.id = s.collection_id WHERE c.embedding_model_id = %s",
+        [model.pk],
+    )
+    size = cursor.fetchone()[0]
     _index_sizes[model.pk] = (size, time.monotonic())
     return size

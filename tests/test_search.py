@@ -421,7 +421,6 @@ def test_semantic_search_searches_the_graph_wider_as_it_grows_and_hybrid_does_no
     monkeypatch.setattr(vector_index, "_index_sizes", {})
     model = Collection.objects.get(name="aero").embedding_model
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE kb_embedding")  # counts the index's vectors, as autovacuum would
         cursor.execute("SELECT count(*) FROM kb_embedding WHERE model_id = %s", [model.pk])
         vectors = cursor.fetchone()[0]
     breadths: list[int] = []
