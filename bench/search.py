@@ -133,7 +133,9 @@ def build(size: int, kind: str, roots: Sequence[Path], rebuild: bool) -> str:
     from kb.services.embedding_models import embedding_model_record_dimensions
 
     name = f"speed-{size}"
-    if rebuild and Collection.objects.filter(name=name).exists():
+    # A corpus whose ingest never finished (interrupted) has no build record: made again.
+    unfinished = "chunks" not in load_builds().get(name, {})
+    if (rebuild or unfinished) and Collection.objects.filter(name=name).exists():
         collection_delete(name=name, confirm=True)
         kept = {key: figures for key, figures in load_builds().items() if not key.endswith(f"-{size}")}
         builds_file().write_text(json.dumps(kept, indent=1))
