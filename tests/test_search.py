@@ -5,6 +5,7 @@ import math
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from kb import search as search_module
 from kb import vector_index
@@ -426,9 +427,11 @@ def test_semantic_search_searches_the_graph_wider_as_it_grows_and_hybrid_does_no
     breadths: list[int] = []
 
     def record(execute, sql, params, many, context):
-        if sql.startswith("SET LOCAL hnsw.ef_search"):
-            breadths.append(int(sql.rsplit(" ", 1)[1]))
-        return execute(sql, params, many, context)
+        result = execute(sql, params, many, context)
+        if "set_config('hnsw.ef_search'" in sql:  # what the graph search then uses
+            context["cursor"].execute("SHOW hnsw.ef_search")
+            breadths.append(int(context["cursor"].fetchone()[0]))
+        return result
 
     with connection.execute_wrapper(record):
         search(query="shock wave pressure", collections=["aero"], mode="semantic")
@@ -436,6 +439,20 @@ def test_semantic_search_searches_the_graph_wider_as_it_grows_and_hybrid_does_no
     widened = round(django_settings.KB_HNSW_EF_SEARCH * math.sqrt(vectors / 2))
     assert vectors > 2
     assert breadths == [min(1000, widened), django_settings.KB_HNSW_EF_SEARCH]
+
+
+def test_a_hybrid_search_takes_few_round_trips(corpus):
+    # Each statement is a round trip that costs the web process ~0.3 ms of CPU under load: the
+    # query's terms and statistics come in one, both graph settings in one.
+    search(query="shock wave pressure", collections=["aero"])  # the query vector is cached
+    with CaptureQueriesContext(connection) as statements:
+        response = search(query="shock wave pressure", collections=["aero"])
+    assert response.results
+    # collections; savepoint; terms and statistics; BM25 top; graph settings; nearest; BM25 of
+    # those found by meaning only; rows; release
+    assert len(statements.captured_queries) == 9, "\n".join(
+        " ".join(q["sql"].split())[:70] for q in statements.captured_queries
+    )
 
 
 def test_a_candidate_list_deeper_than_the_widest_graph_search_is_still_filled(corpus):

@@ -17,13 +17,15 @@ from kb.search.filters import Filters
 POSTINGS_BUDGET = 20000
 
 
+QUERY_TERMS_SQL = (
+    "SELECT lexeme, coalesce(array_length(positions, 1), 1) AS count FROM unnest(to_tsvector('english', %s))"
+)
+
+
 def query_terms(query: str) -> dict[str, int]:
     """Stemmed query terms with their counts (a repeated term counts repeatedly)."""
     with read_connection().cursor() as cursor:
-        cursor.execute(
-            "SELECT lexeme, coalesce(array_length(positions, 1), 1) FROM unnest(to_tsvector('english', %s))",
-            [query],
-        )
+        cursor.execute(QUERY_TERMS_SQL, [query])
         return dict(cursor.fetchall())
 
 
@@ -37,24 +39,32 @@ class KeywordQuery:
     @classmethod
     def of(cls, query: str, filters: Filters) -> "KeywordQuery":
         """Okapi BM25 with Lucene's idf, over the statistics of exactly the collections searched."""
-        terms = query_terms(query)
-        if not terms or not filters.collection_ids:
+        if not filters.collection_ids:
             return cls(scorer=None, full_match=0.0)
+        # The query's terms with their counts, each term's document frequency and the collections'
+        # totals in one round trip (three statements cost a search ~1 ms more under load).
         with read_connection().cursor() as cursor:
             cursor.execute(
-                "SELECT coalesce(sum(chunk_count), 0)::float8, coalesce(sum(total_length), 0)::float8 "
-                "FROM kb_collection_stats WHERE collection_id = ANY(%s)",
-                [list(filters.collection_ids)],
+                f"""
+                WITH terms AS ({QUERY_TERMS_SQL}),
+                totals AS (
+                    SELECT coalesce(sum(chunk_count), 0)::float8 AS chunks,
+                           coalesce(sum(total_length), 0)::float8 AS length
+                    FROM kb_collection_stats WHERE collection_id = ANY(%s)
+                )
+                SELECT t.lexeme, t.count, totals.chunks, totals.length,
+                       (SELECT coalesce(sum(df), 0)::float8 FROM kb_term_stats
+                        WHERE collection_id = ANY(%s) AND term = t.lexeme)
+                FROM terms t CROSS JOIN totals
+                """,
+                [query, list(filters.collection_ids), list(filters.collection_ids)],
             )
-            chunk_total, length_total = cursor.fetchone()
-            if not chunk_total:
-                return cls(scorer=None, full_match=0.0)
-            cursor.execute(
-                "SELECT term, sum(df)::float8 FROM kb_term_stats "
-                "WHERE collection_id = ANY(%s) AND term = ANY(%s) GROUP BY term",
-                [list(filters.collection_ids), list(terms)],
-            )
-            frequencies = dict(cursor.fetchall())
+            rows = cursor.fetchall()
+        if not rows or not rows[0][2]:
+            return cls(scorer=None, full_match=0.0)
+        chunk_total, length_total = rows[0][2], rows[0][3]
+        terms = {term: count for term, count, *_ in rows}
+        frequencies = {term: df for term, _, _, _, df in rows if df}
         idf = {
             term: math.log(1 + (chunk_total - frequencies.get(term, 0) + 0.5) / (frequencies.get(term, 0) + 0.5))
             for term in terms

@@ -102,8 +102,11 @@ def _nearest(
             document_join = (
                 f"JOIN kb_chunk c ON c.id = e.chunk_id JOIN kb_document d ON d.id = c.document_id AND {where}"
             )
-        cursor.execute(f"SET LOCAL hnsw.ef_search = {ef_search(model, depth, cursor, ranked=ranked)}")
-        cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+        # Both settings in one round trip, for this transaction only (SET LOCAL).
+        cursor.execute(
+            "SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true)",
+            [str(ef_search(model, depth, cursor, ranked=ranked))],
+        )
         # relaxed_order may return neighbours slightly out of order: sort again outside.
         cursor.execute(
             f"""
