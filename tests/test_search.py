@@ -442,8 +442,8 @@ def test_semantic_search_searches_the_graph_wider_as_it_grows_and_hybrid_does_no
 
 
 def test_a_hybrid_search_takes_few_round_trips(corpus):
-    # Each statement is a round trip that costs the web process ~0.3 ms of CPU under load: the
-    # query's terms and statistics come in one, both graph settings in one.
+    # Each statement is a round trip for the web process and for Postgres: the query's terms and
+    # statistics come in one, both graph settings in one.
     search(query="shock wave pressure", collections=["aero"])  # the query vector is cached
     with CaptureQueriesContext(connection) as statements:
         response = search(query="shock wave pressure", collections=["aero"])
