@@ -16,7 +16,7 @@ from kb.models import EmbeddingModel
 HNSW_M = 16
 # A better-connected graph finds more true neighbours at the same search breadth: at 100,000
 # MiniLM vectors, recall@10 at ef_search 200 is 0.96 built with pgvector's default 64 and 0.98
-# with 200, for 2.2x the build time and 1.3 ms instead of 0.5 per vector inserted (README).
+# with 200, for 2.2x the build time and 1.6-1.9 ms instead of 0.5 per vector inserted (README).
 HNSW_EF_CONSTRUCTION = 200
 MAX_EF_SEARCH = 1000  # pgvector's limit
 # Up to this many vectors in a model's index, KB_HNSW_EF_SEARCH as it is (see ef_search).
