@@ -37,9 +37,11 @@ from tests.test_launcher import answers, assert_clean, descendants, start_launch
 # Issue 18's target, from Ctrl-C to the last process gone.
 STOP_DEADLINE_SECONDS = 10
 # Paragraphs of distinct text, about one chunk each at CHUNK_TOKENS (the ingest answer says how many):
-# well over 30 s of embedding either way (the local model embeds about 125 of them a second on 2 idle
-# cores; the fake Ollama answers 32 a second).
-PARAGRAPHS = {"local": 6000, "ollama": 2000}
+# over 10 s of embedding either way, several times the launcher's warm stop (kb.launcher,
+# WARM_STOP_SECONDS), so Ctrl-C always lands mid-document and the cold stop is what is measured (the
+# local model embeds about 125 of them a second on 2 idle cores; the fake Ollama answers 32 a second).
+# Not more: the second start embeds what is left, which is most of this test's time.
+PARAGRAPHS = {"local": 1500, "ollama": 480}
 CHUNK_TOKENS = 64
 # Seconds the fake Ollama takes per request (a batch of EMBEDDING_BATCH_SIZE, 32, chunks).
 OLLAMA_DELAY_SECONDS = 1.0
@@ -188,7 +190,7 @@ def test_ctrl_c_mid_embedding_stops_everything_cleanly_and_the_next_start_finish
         item = api(base, "POST", "/api/collections/stop/documents", {"uri": f"data:text/plain;base64,{text}"})
         item = item["items"][0]
         doc_id, chunks = item["doc_id"], item["chunks"]
-        assert chunks >= 1000, item
+        assert chunks >= PARAGRAPHS[provider], item
         ingested = time.monotonic()
         wait_for(
             lambda: document(base, doc_id)["embedded_count"] > 0, timeout=120, interval=0.1, what="the first vectors"

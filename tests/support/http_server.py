@@ -1,6 +1,7 @@
 """A small real HTTP server on loopback for ingestion tests and fake provider APIs."""
 
 import json
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -8,6 +9,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Route = Callable[[BaseHTTPRequestHandler, bytes], tuple[int, dict[str, str], bytes]]
+
+
+class _Server(ThreadingHTTPServer):
+    allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A caller that hung up (a worker killed mid-request by a fault test) is not the fake's error.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 @contextmanager
@@ -31,8 +41,7 @@ def serve(routes: dict[str, Route], host: str = "127.0.0.1", port: int = 0) -> I
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    ThreadingHTTPServer.allow_reuse_address = True
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _Server((host, port), Handler)
     # A short poll interval: shutdown() waits for the loop to notice, half a second by default.
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
