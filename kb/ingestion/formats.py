@@ -113,8 +113,10 @@ _BINARY_SIGNATURES = (
     (b"ID3", "an MP3 file"),
 )
 # JSON nesting is measured on the brackets outside strings, one match at a time (no recursion,
-# no copy of the text).
-_JSON_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+# no copy of the text). A string that never closes runs to the end of the text: were its closing
+# quote required, every quote after it would start a scan to the end again (quadratic: 60,000
+# escaped quotes held the web process for minutes).
+_JSON_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 _BRACKET_STEPS = {"[": 1, "{": 1, "]": -1, "}": -1}
 # The PDF parser runs as `python -m kb.ingestion.pdf_text` from the directory that holds `kb`.
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
