@@ -252,7 +252,10 @@ def decode_text(data: bytes) -> str:
         if data.startswith(signature):
             raise KBError(ErrorCode.LOAD_FAILED, f"The content is {description}, not a supported document format")
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        text = data.decode("utf-16")
+        try:
+            text = data.decode("utf-16")
+        except UnicodeDecodeError:
+            raise KBError(ErrorCode.LOAD_FAILED, "The content starts as UTF-16 but is not valid UTF-16") from None
     elif b"\x00" in data[:8192]:
         raise KBError(ErrorCode.LOAD_FAILED, "The content is binary, not text; it cannot be ingested")
     else:

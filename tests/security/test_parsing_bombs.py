@@ -205,6 +205,16 @@ def test_a_pdf_yielding_more_text_than_a_document_may_hold_is_refused(collection
     assert "KB_MAX_TEXT_CHARS" in refused_upload(collection, "wordy.pdf", bomb)
 
 
+@pytest.mark.parametrize(
+    "data",
+    [b"\xff\xfe" + "hello".encode("utf-16-le") + b"\x00\xd8", b"\xfe\xff" + "hello".encode("utf-16-be") + b"!"],
+    ids=["lone surrogate", "odd byte"],
+)
+def test_text_that_starts_as_utf16_but_is_not_is_refused_not_a_server_error(collection, data):
+    assert "UTF-16" in refused_upload(collection, "note.txt", data)
+    assert "UTF-16" in refused_data_uri(collection, data)
+
+
 @pytest.mark.parametrize("multiplier", [1, 5])  # over the limit in characters; over 4x it in bytes
 def test_a_plain_text_longer_than_a_document_may_hold_is_refused(collection, settings, multiplier):
     settings.KB_MAX_TEXT_CHARS = 10_000
