@@ -2,6 +2,8 @@
 
 import itertools
 
+import pytest
+
 from kb.ingestion.chunking import ChunkSettings, chunk_text, count_tokens
 from kb.ingestion.formats import Page
 from tests.support.documents import PYTHON, RUST
@@ -124,3 +126,34 @@ def test_each_chunk_knows_the_headings_of_the_section_it_starts_in():
 def test_text_without_markdown_structure_has_no_heading_path():
     drafts = chunk_text("# not markdown\n\nplain words", content_type="plain_text", settings=ChunkSettings())
     assert [draft.heading_path for draft in drafts] == [()]
+
+
+@pytest.mark.parametrize(
+    ("content_type", "text"),
+    [
+        ("python", "x = " + "(" * 20_000 + "1" + ")" * 20_000 + "\n"),
+        ("javascript", "f(" + "[" * 20_000 + "]" * 20_000 + ");\n"),
+        ("python", "".join(" " * depth + "if x:\n" for depth in range(1_500)) + " " * 1_500 + "pass\n"),
+        ("markdown", "".join("  " * depth + "- item\n" for depth in range(1_500))),
+    ],
+    ids=["parentheses", "brackets", "indented blocks", "nested lists"],
+)
+def test_text_nested_past_the_parse_depth_is_split_as_prose_whole(content_type, text):
+    # The syntax-tree splitters take time in the square of the depth: the parentheses took minutes.
+    drafts = chunk_text(text, content_type=content_type, settings=ChunkSettings(max_tokens=128, min_tokens=0))
+    assert "".join("".join(draft.content for draft in drafts).split()) == "".join(text.split())  # chunks are trimmed
+    assert all(draft.token_count <= 128 for draft in drafts)
+
+
+def test_code_as_deep_as_the_parse_depth_is_still_split_at_its_definitions(settings):
+    deep = PYTHON + "\n\nvalue = " + "(" * settings.KB_PARSE_MAX_DEPTH + "1" + ")" * settings.KB_PARSE_MAX_DEPTH + "\n"
+    chunks = chunk_text(deep, content_type="python", settings=ChunkSettings(max_tokens=64, min_tokens=0))
+    starts = [chunk.content.split("\n")[0] for chunk in chunks]
+    assert any(line.startswith("def retry") for line in starts)
+    assert any(line.startswith("class Backoff") for line in starts)
+    settings.KB_PARSE_MAX_DEPTH -= 1  # one level past it: split as prose, definitions or not
+    prose = chunk_text(deep, content_type="python", settings=ChunkSettings(max_tokens=64, min_tokens=0))
+    assert [c.content for c in prose] == [
+        c.content
+        for c in chunk_text(deep, content_type="plain_text", settings=ChunkSettings(max_tokens=64, min_tokens=0))
+    ]

@@ -131,6 +131,11 @@ class Page:
     end: int
 
 
+# What a file says of itself (title, author) is kept this long: every search hit carries its
+# document's metadata, and a 2 MB author in a DOCX made a 100-hit search answer 210 MB.
+FILE_METADATA_MAX_CHARS = 500
+
+
 @dataclass(frozen=True)
 class ParsedDocument:
     text: str
@@ -138,6 +143,11 @@ class ParsedDocument:
     title: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     pages: tuple[Page, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "title", self.title[:FILE_METADATA_MAX_CHARS])
+        clipped = {k: v[:FILE_METADATA_MAX_CHARS] if isinstance(v, str) else v for k, v in self.metadata.items()}
+        object.__setattr__(self, "metadata", clipped)
 
 
 def supported_extension(name: str) -> bool:
@@ -405,8 +415,8 @@ def _guess_title(text: str, content_type: str, filename: str) -> str:
     if content_type == "markdown":
         match = re.search(r"^#\s+(.+)$", text, re.MULTILINE)
         if match:
-            return match.group(1).strip()[:500]
-    return PurePosixPath(filename).name[:500] if filename else ""
+            return match.group(1).strip()
+    return PurePosixPath(filename).name if filename else ""
 
 
 def _parse_html(html: str) -> ParsedDocument:
@@ -431,7 +441,7 @@ def _parse_html(html: str) -> ParsedDocument:
             metadata["published"] = found.date
     if title:
         metadata["title"] = title
-    return ParsedDocument(text=text.strip() + "\n", content_type="html", title=title[:500], metadata=metadata)
+    return ParsedDocument(text=text.strip() + "\n", content_type="html", title=title, metadata=metadata)
 
 
 def _check_html_shape(html: str) -> None:
@@ -472,7 +482,7 @@ def _parse_pdf(data: bytes) -> ParsedDocument:
     metadata.update(extracted["dates"])
     if title:
         metadata["title"] = title
-    return ParsedDocument(text=text, content_type="pdf", title=title[:500], metadata=metadata, pages=pages)
+    return ParsedDocument(text=text, content_type="pdf", title=title, metadata=metadata, pages=pages)
 
 
 def _extract_pdf_in_child(data: bytes) -> dict[str, Any]:
@@ -553,7 +563,7 @@ def _parse_docx(data: bytes) -> ParsedDocument:
     return ParsedDocument(
         text="\n\n".join(content.blocks) + "\n",
         content_type="docx",
-        title=content.title[:500],
+        title=content.title,
         metadata=metadata,
     )
 

@@ -298,6 +298,15 @@ def test_an_html_page_with_too_many_elements_is_refused(collection):
 # --- Ordinary documents ------------------------------------------------------------------------------
 
 
+def test_what_a_file_says_of_itself_is_kept_short(collection):
+    # Every search hit carries its document's metadata: a 2 MB author made a 100-hit answer 210 MB.
+    long = "Lee " * 50_000
+    data = make_pdf(["Lift and drag."], title=long, author=long)
+    document = document_ingest_upload(collection=collection, filename="long.pdf", data=data).document
+    assert document.title == long[:500]
+    assert document.metadata["author"] == long[:500] and document.metadata["title"] == long[:500]
+
+
 def test_an_ordinary_multi_page_pdf_gives_the_text_it_always_gave(collection):
     pdf = make_pdf(
         ["Lift and drag of slender wings.\nPage one text.", "", "Page three discusses shock waves."],
