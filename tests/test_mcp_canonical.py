@@ -225,6 +225,16 @@ def test_ingestion_status_waits_until_the_document_is_embedded():
     assert (whole["done"], whole["counts"]["ready"], whole["documents"]) == (True, 1, [])
 
 
+def test_ingestion_status_follows_each_document_once_and_a_bounded_number_of_them(django_assert_max_num_queries):
+    collection_create(name="notes")
+    doc_id = ingest("notes", AERO)["doc_id"]
+    with django_assert_max_num_queries(10):  # one access check per document, not per id given
+        repeated = call_ok(SERVER, "rag_ingestion_status", {"doc_ids": [doc_id] * 5000})
+    assert [document["id"] for document in repeated["documents"]] == [doc_id]
+    too_many = error_of(call(SERVER, "rag_ingestion_status", {"doc_ids": [str(n) for n in range(1001)]}))
+    assert too_many["code"] == "INVALID_ARGUMENT" and "1000" in too_many["message"]
+
+
 def test_a_document_can_be_fetched_with_its_content_on_request():
     collection_create(name="notes")
     doc_id = ingest("notes", f"{AERO}\n\n{COOKING}", title="Two notes", metadata={"author": "Smith"})["doc_id"]

@@ -11,6 +11,8 @@ from kb.errors import ErrorCode, KBError
 from kb.models import Collection, Document, DocumentStatus
 
 UNFINISHED = (DocumentStatus.PENDING, DocumentStatus.PROCESSING)
+# Documents one status call may follow: a door checks the caller's access to each of them.
+MAX_STATUS_DOCUMENTS = 1000
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,8 @@ def ingestion_status(
         raise KBError(ErrorCode.INVALID_ARGUMENT, "Give either document ids or a collection")
     documents = Document.objects.select_related("collection").defer("raw_content")
     if doc_ids is not None:
-        found = list(documents.filter(pk__in=list(doc_ids)))
+        doc_ids = status_doc_ids(doc_ids)
+        found = list(documents.filter(pk__in=doc_ids))
         missing = sorted(set(doc_ids) - {document.pk for document in found})
         if missing:
             raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {', '.join(missing)}")
@@ -41,6 +44,14 @@ def ingestion_status(
     totals = dict(in_collection.order_by().values_list("status").annotate(n=Count("pk")))
     listed = list(in_collection.exclude(status=DocumentStatus.READY).order_by("created_at")[:limit])
     return IngestionStatus(documents=listed, counts={status: totals.get(status, 0) for status in DocumentStatus.values})
+
+
+def status_doc_ids(doc_ids: Sequence[str]) -> list[str]:
+    """The documents a status call follows, each once; at most MAX_STATUS_DOCUMENTS of them."""
+    unique = list(dict.fromkeys(doc_ids))
+    if len(unique) > MAX_STATUS_DOCUMENTS:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"At most {MAX_STATUS_DOCUMENTS} document ids per status call")
+    return unique
 
 
 def _counts(documents: Sequence[Document]) -> dict[str, int]:

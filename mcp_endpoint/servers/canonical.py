@@ -24,7 +24,7 @@ from kb.selectors.documents import (
     document_chunks,
     document_list,
 )
-from kb.selectors.ingestion import STILL_EMBEDDING, ingestion_status
+from kb.selectors.ingestion import STILL_EMBEDDING, ingestion_status, status_doc_ids
 from kb.selectors.sources import SourceOut, SyncRunOut, source_list, sync_run_latest
 from kb.selectors.stats import Stats, kb_stats
 from kb.services.collections import collection_create, collection_delete
@@ -368,6 +368,7 @@ def _ingestion_progress(doc_ids: list[str] | None, collection: str | None) -> In
         status = ingestion_status(collection=access.collection(collection))
     else:
         if doc_ids is not None:
+            doc_ids = status_doc_ids(doc_ids)
             for doc_id in doc_ids:
                 access.document(doc_id)
         status = ingestion_status(doc_ids=doc_ids)
