@@ -126,6 +126,9 @@ def test_scirag_store_reports_validation_errors_without_raising():
     )
     bad_name = call_ok(SCIRAG, "store_document_chunks", {"chunks": paper_chunks(), "collection": "no spaces"})
     assert bad_name["success"] is False and bad_name["message"].startswith("Validation error: Invalid collection name")
+    for arguments in ({"collection": "a\x00b"}, {"chunks": [paper_chunks()[0] | {"source_filename": "f\x00"}]}):
+        nul = call_ok(SCIRAG, "store_document_chunks", {"chunks": paper_chunks(), **arguments})
+        assert nul["success"] is False and nul["message"].startswith("Validation error: collection and source names")
     assert not Document.objects.exists()
 
 

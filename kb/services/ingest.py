@@ -306,6 +306,7 @@ def document_store_chunk_batch(
     source, into a collection created when missing; all or nothing. A source's metadata is the
     union of its chunks' metadata. Sources are locked in sorted order, so two batches naming the
     same sources cannot deadlock."""
+    check_storable([collection_name, list(sources)], what="collection and source names")
     by_source: dict[str, list[ChunkInput]] = {}
     for chunk, source in zip(chunks, sources, strict=True):
         by_source.setdefault(source, []).append(chunk)
