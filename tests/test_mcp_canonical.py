@@ -8,11 +8,13 @@ from unittest.mock import ANY
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from mcp.shared.exceptions import MCPError
 
-from kb.access import Access
+from kb.access import FULL_ACCESS, Access
 from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_create, collection_update
+from mcp_endpoint.caller import Caller, calling_as
 from mcp_endpoint.servers import build_server, canonical
 from mcp_endpoint.servers.prompts import GROUNDED_QA
 from tests.conftest import free_port
@@ -225,12 +227,15 @@ def test_ingestion_status_waits_until_the_document_is_embedded():
     assert (whole["done"], whole["counts"]["ready"], whole["documents"]) == (True, 1, [])
 
 
-def test_ingestion_status_follows_each_document_once_and_a_bounded_number_of_them(django_assert_max_num_queries):
+def test_ingestion_status_follows_each_document_once_and_a_bounded_number_of_them():
     collection_create(name="notes")
     doc_id = ingest("notes", AERO)["doc_id"]
-    with django_assert_max_num_queries(10):  # one access check per document, not per id given
-        repeated = call_ok(SERVER, "rag_ingestion_status", {"doc_ids": [doc_id] * 5000})
+    # The tool's own code, in this thread so its statements are counted: one access check per
+    # document, not one per id given.
+    with calling_as(Caller(access=FULL_ACCESS)), CaptureQueriesContext(connection) as statements:
+        repeated = canonical._ingestion_progress.__wrapped__([doc_id] * 5000, None)
     assert [document["id"] for document in repeated["documents"]] == [doc_id]
+    assert len(statements) <= 5, [statement["sql"] for statement in statements]
     too_many = error_of(call(SERVER, "rag_ingestion_status", {"doc_ids": [str(n) for n in range(1001)]}))
     assert too_many["code"] == "INVALID_ARGUMENT" and "1000" in too_many["message"]
 
