@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 
+from kb.ingestion import chunking
 from kb.ingestion.chunking import ChunkSettings, chunk_text, count_tokens
 from kb.ingestion.formats import Page
 from tests.support.documents import PYTHON, RUST
@@ -131,18 +132,36 @@ def test_text_without_markdown_structure_has_no_heading_path():
 @pytest.mark.parametrize(
     ("content_type", "text"),
     [
-        ("python", "x = " + "(" * 20_000 + "1" + ")" * 20_000 + "\n"),
-        ("javascript", "f(" + "[" * 20_000 + "]" * 20_000 + ");\n"),
-        ("python", "".join(" " * depth + "if x:\n" for depth in range(1_500)) + " " * 1_500 + "pass\n"),
-        ("markdown", "".join("  " * depth + "- item\n" for depth in range(1_500))),
+        ("python", "x = " + "(" * 2_000 + "1" + ")" * 2_000 + "\n"),
+        ("javascript", "f(" + "[" * 2_000 + "]" * 2_000 + ");\n"),
+        ("python", "".join(" " * depth + "if x:\n" for depth in range(150)) + " " * 150 + "pass\n"),
+        ("markdown", "".join("  " * depth + "- item\n" for depth in range(150))),
     ],
     ids=["parentheses", "brackets", "indented blocks", "nested lists"],
 )
-def test_text_nested_past_the_parse_depth_is_split_as_prose_whole(content_type, text):
-    # The syntax-tree splitters take time in the square of the depth: the parentheses took minutes.
-    drafts = chunk_text(text, content_type=content_type, settings=ChunkSettings(max_tokens=128, min_tokens=0))
+def test_text_nested_past_the_parse_depth_is_split_as_prose(content_type, text):
+    # The syntax-tree splitters take time in the square of the depth (2,000 parentheses: 8.6 s).
+    drafts = chunk_text(text, content_type=content_type, settings=ChunkSettings(max_tokens=32, min_tokens=0))
+    prose = chunk_text(text, content_type="plain_text", settings=ChunkSettings(max_tokens=32, min_tokens=0))
+    assert [draft.content for draft in drafts] == [draft.content for draft in prose]
     assert "".join("".join(draft.content for draft in drafts).split()) == "".join(text.split())  # chunks are trimmed
-    assert all(draft.token_count <= 128 for draft in drafts)
+
+
+@pytest.mark.parametrize(
+    "nested",
+    [
+        lambda depth: "(" * depth + ")" * depth,
+        lambda depth: ")))" + "{" * depth + "}" * depth,  # closers with nothing open count for nothing
+        lambda depth: "".join(" " * level + "x\n" for level in range(depth + 1)),
+        lambda depth: "".join("\t" * level + "x\n" for level in range(depth + 1)),
+        lambda depth: "> " * depth + "quoted\n",
+    ],
+    ids=["parentheses", "braces after closers", "spaces", "tabs", "quote markers"],
+)
+def test_the_depth_that_sends_text_to_the_prose_splitter_is_the_parse_depth(settings, nested):
+    limit = settings.KB_PARSE_MAX_DEPTH
+    assert not chunking._too_deep_to_walk(nested(limit))
+    assert chunking._too_deep_to_walk(nested(limit + 1))
 
 
 def test_code_as_deep_as_the_parse_depth_is_still_split_at_its_definitions(settings):

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 
-from kb.ingestion.formats import MARKDOWN_LIKE_CONTENT_TYPES, Page
+from kb.ingestion.formats import BRACKET_STEPS, MARKDOWN_LIKE_CONTENT_TYPES, Page
 
 # tree-sitter grammar of each code content type: (module, function returning the language).
 TREE_SITTER_GRAMMARS: dict[str, tuple[str, str]] = {
@@ -141,7 +141,6 @@ def chunk_text(
 
 
 _BRACKET = re.compile(r"[()\[\]{}]")
-_BRACKET_STEPS = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
 _LEADING_SPACE = re.compile(r"^[ \t]*(?=[^ \t\n])", re.MULTILINE)
 _QUOTE_MARKERS = re.compile(r"^(?:[ \t]*>)+", re.MULTILINE)
 
@@ -152,7 +151,7 @@ def _too_deep_to_walk(text: str) -> bool:
     square of its depth (2,000 nested parentheses of Python: 8.6 s of CPU for 4 KB; 1,000
     indented blocks: 27 s), so such a text is split as prose instead, in time linear in its size."""
     limit = settings.KB_PARSE_MAX_DEPTH
-    steps = (_BRACKET_STEPS[match.group()] for match in _BRACKET.finditer(text))
+    steps = (BRACKET_STEPS[match.group()] for match in _BRACKET.finditer(text))
     if max(accumulate(steps, _deeper), default=0) > limit:
         return True
     if max((match.group().count(">") for match in _QUOTE_MARKERS.finditer(text)), default=0) > limit:

@@ -117,7 +117,8 @@ _BINARY_SIGNATURES = (
 # quote required, every quote after it would start a scan to the end again (quadratic: 60,000
 # escaped quotes held the web process for minutes).
 _JSON_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
-_BRACKET_STEPS = {"[": 1, "{": 1, "]": -1, "}": -1}
+# How far each bracket takes the nesting (JSON here; source code in kb.ingestion.chunking).
+BRACKET_STEPS = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
 # The PDF parser runs as `python -m kb.ingestion.pdf_text` from the directory that holds `kb`.
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -319,7 +320,7 @@ def _check_json(text: str) -> None:
 
 
 def _json_depth(text: str) -> int:
-    steps = (_BRACKET_STEPS.get(match.group(), 0) for match in _JSON_STRING_OR_BRACKET.finditer(text))
+    steps = (BRACKET_STEPS.get(match.group(), 0) for match in _JSON_STRING_OR_BRACKET.finditer(text))
     return max(accumulate(steps), default=0)
 
 
