@@ -176,3 +176,44 @@ def test_code_as_deep_as_the_parse_depth_is_still_split_at_its_definitions(setti
         c.content
         for c in chunk_text(deep, content_type="plain_text", settings=ChunkSettings(max_tokens=64, min_tokens=0))
     ]
+
+
+def test_long_text_reaches_the_splitter_in_windows_and_keeps_every_word(monkeypatch):
+    # The splitters take time in more than the text's length times its chunk count: 1.7 M characters
+    # in 128-token chunks took 35 s whole. Each window holds about 40 full chunks.
+    given: list[int] = []
+    real_splitter = chunking._splitter
+
+    class Recording:
+        def __init__(self, splitter):
+            self.splitter = splitter
+
+        def chunk_indices(self, text):
+            given.append(len(text))
+            return self.splitter.chunk_indices(text)
+
+    monkeypatch.setattr(chunking, "_splitter", lambda *key: Recording(real_splitter(*key)))
+    text = " ".join(f"word{n % 97} and more words without a single stop" for n in range(2_000))
+    drafts = chunk_text(text, content_type="plain_text", settings=ChunkSettings(max_tokens=16, min_tokens=0))
+    window = chunking.WINDOW_CHARS_PER_TOKEN * 16
+    assert len(text) > 10 * window and len(given) > 10 and max(given) <= window
+    assert sum(given) == len(text)
+    assert all(draft.token_count <= 16 for draft in drafts)
+    assert " ".join(draft.content for draft in drafts).split() == text.split()
+
+
+@pytest.mark.parametrize(
+    ("text", "first_window"),
+    [
+        ("a" * 60 + "\n\n" + "b" * 20 + "\n" + "c " * 20, "a" * 60 + "\n\n"),
+        ("a" * 60 + "\n" + "b" * 20 + " " + "c" * 30, "a" * 60 + "\n"),
+        ("a" * 60 + " " + "b" * 60, "a" * 60 + " "),
+        ("a" * 49 + " " + "b" * 70, "a" * 49 + " " + "b" * 50),  # a space in the first half: cut hard
+    ],
+    ids=["blank line", "line break", "space", "none in the second half"],
+)
+def test_a_window_ends_at_the_best_boundary_in_its_second_half(text, first_window):
+    windows = list(chunking._windows(text, 0, len(text), size=100))
+    assert text[slice(*windows[0])] == first_window
+    assert "".join(text[start:end] for start, end in windows) == text
+    assert all(0 < end - start <= 100 for start, end in windows)
