@@ -260,6 +260,8 @@ KB_PARSE_MAX_DEPTH = env_int("KB_PARSE_MAX_DEPTH", 100, minimum=1, maximum=250)
 KB_YAML_MAX_ALIAS_NODES = env_int("KB_YAML_MAX_ALIAS_NODES", 100_000, minimum=0)
 # Elements of an HTML page; main-content extraction costs about 0.1 ms and 2 KB per element.
 KB_HTML_MAX_ELEMENTS = env_int("KB_HTML_MAX_ELEMENTS", 25_000, minimum=100)
+# Attributes of an HTML page's tags, at most 1,000 in one tag; each costs about 10 µs.
+KB_HTML_MAX_ATTRIBUTES = env_int("KB_HTML_MAX_ATTRIBUTES", 100_000, minimum=1_000)
 # ZIP-based documents (DOCX): entries, declared inflated bytes per entry and in all, and inflation
 # ratio of any entry over 1 MiB. Parts are streamed, so these bound time rather than memory.
 KB_ARCHIVE_MAX_ENTRIES = env_int("KB_ARCHIVE_MAX_ENTRIES", 5_000, minimum=10)

@@ -11,6 +11,7 @@ import zlib
 import pytest
 
 from kb.errors import ErrorCode, KBError
+from kb.ingestion import formats
 from kb.ingestion.formats import parse
 from kb.models import Chunk, Document
 from kb.services.collections import collection_create
@@ -285,7 +286,7 @@ def test_yaml_with_bad_anchors_is_still_invalid(collection, yaml_text):
 
 
 def test_deeply_nested_html_is_refused_by_its_depth(collection):
-    page = b"<html><body>" + b"<div>" * 100_000 + b"deep text" + b"</div>" * 100_000 + b"</body></html>"
+    page = b"<html><body>" + b"<div>" * 5_000 + b"deep text" + b"</div>" * 5_000 + b"</body></html>"
     message = refused_data_uri(collection, page)
     assert "HTML" in message and "KB_PARSE_MAX_DEPTH" in message
 
@@ -293,6 +294,54 @@ def test_deeply_nested_html_is_refused_by_its_depth(collection):
 def test_an_html_page_with_too_many_elements_is_refused(collection):
     page = b"<html><body>" + b"<p>x</p>" * 30_000 + b"</body></html>"
     assert "KB_HTML_MAX_ELEMENTS" in refused_upload(collection, "huge.html", page)
+
+
+def test_an_html_page_with_too_many_elements_is_refused_before_it_is_parsed(collection, monkeypatch):
+    # 20 MB of <br> made a 716 MB tree before the elements were counted on it.
+    import trafilatura.utils
+
+    parsed: list[int] = []
+    load_html = trafilatura.utils.load_html
+    monkeypatch.setattr(trafilatura.utils, "load_html", lambda html: parsed.append(len(html)) or load_html(html))
+    page = b"<html><body><p>text</p>" + b"<br>" * 30_000 + b"</body></html>"
+    assert "KB_HTML_MAX_ELEMENTS" in refused_upload(collection, "breaks.html", page)
+    assert parsed == []
+
+
+@pytest.mark.parametrize(
+    "attribute",
+    ['a{n}=">"', "a{n}=''", "a{n}", "a{n} = v", 'a{n}\r\n=\t"x y"'],
+    ids=["'>' in quotes", "quotes without spaces", "bare", "spaces around =", "line breaks and tabs"],
+)
+def test_a_tag_of_tens_of_thousands_of_attributes_is_refused_before_it_is_parsed(collection, attribute):
+    # libxml2 compares each attribute of a tag with every other one: 20,000 cost 3.5 s, 40,000 14 s.
+    separator = "" if attribute.endswith("''") else " "
+    tag = "<div " + separator.join(attribute.format(n=n) for n in range(40_000)) + ">"
+    page = f"<html><body><p>Some readable text.</p>{tag}more text</div></body></html>".encode()
+    message = refused_upload(collection, "attributes.html", page)
+    assert f"more than {formats.MAX_TAG_ATTRIBUTES} attributes" in message
+
+
+@pytest.mark.parametrize(
+    ("attribute", "separator"),
+    [('a{n}=">"', " "), ('a{n}=""', ""), ("a{n}=it's", " "), ("a{n}", "/"), ("a{n} = v", "\n"), ("=a{n}", " ")],
+    ids=["'>' in quotes", "quotes without spaces", "apostrophe in a value", "slashes", "spaces around =", "= first"],
+)
+def test_the_attributes_of_a_page_are_counted_as_its_parser_counts_them(settings, attribute, separator):
+    from lxml import etree
+
+    tags = [
+        f"<p {separator.join(attribute.format(n=n) for n in range(50))}>Paragraph {k} of the page.</p>"
+        for k in range(4)
+    ]
+    page = ("<html><body>" + "".join(tags) + "</body></html>").encode()
+    counted_by_parser = sum(len(element.attrib) for element in etree.HTML(page).iter())
+    assert counted_by_parser >= 4 * 25
+    settings.KB_HTML_MAX_ATTRIBUTES = counted_by_parser
+    assert "Paragraph 3 of the page." in parse(page, content_type="html").text
+    settings.KB_HTML_MAX_ATTRIBUTES = counted_by_parser - 1
+    with pytest.raises(KBError, match="KB_HTML_MAX_ATTRIBUTES"):
+        parse(page, content_type="html")
 
 
 # --- Ordinary documents ------------------------------------------------------------------------------
