@@ -9,6 +9,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from django.db import DatabaseError, close_old_connections, connections
@@ -18,6 +19,7 @@ from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnno
 from mcp_types import Tool as MCPTool
 from pydantic import ValidationError
 
+from kb.access import Access
 from kb.errors import ErrorCode, KBError, database_error
 from kb.models import TokenScope
 from mcp_endpoint.caller import Caller, calling_as, current_access, current_caller_or_none
@@ -111,16 +113,18 @@ def raise_tool_error(error: KBError) -> NoReturn:
 
 
 def service_tool(
-    scope: TokenScope, *, on_error: ErrorHandler = json_error
+    scope: TokenScope, *, every_collection_to: str | None = None, on_error: ErrorHandler = json_error
 ) -> Callable[[Callable[P, R]], Callable[P, Awaitable[R]]]:
     """Make an MCP tool of a synchronous function that calls the services. The tool keeps the
     function's name, docstring and signature (its input and output schemas). ``scope`` is what
-    the caller's token needs: checked before every call, and tools a token lacks it for are not
-    listed to it."""
+    the caller's token needs, and ``every_collection_to`` (an action, e.g. "create collections")
+    says the tool also needs a token not limited to some collections: checked before every call,
+    and tools a token may not use are not listed to it."""
+    need = ToolNeed(scope=scope, every_collection_to=every_collection_to)
 
     def decorate(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
         def as_permitted(*args: P.args, **kwargs: P.kwargs) -> R:
-            current_access().require(scope)
+            need.require(current_access())
             return fn(*args, **kwargs)
 
         pool = "read" if scope == TokenScope.READ else "write"
@@ -133,15 +137,31 @@ def service_tool(
                 logger.info("MCP tool %s failed: %s", fn.__name__, error)
                 return on_error(error)
 
-        tool.required_scope = scope  # type: ignore[attr-defined]
+        tool.need = need  # type: ignore[attr-defined]
         return tool
 
     return decorate
 
 
-def required_scope(fn: Callable[..., Any]) -> TokenScope:
+@dataclass(frozen=True)
+class ToolNeed:
+    """What a caller's access must allow for a tool to be listed to it and called."""
+
+    scope: TokenScope
+    every_collection_to: str | None = None
+
+    def met_by(self, access: Access) -> bool:
+        return access.allows(self.scope) and (self.every_collection_to is None or access.collections is None)
+
+    def require(self, access: Access) -> None:
+        access.require(self.scope)
+        if self.every_collection_to is not None:
+            access.require_unrestricted(self.every_collection_to)
+
+
+def tool_need(fn: Callable[..., Any]) -> ToolNeed:
     """What a tool needs; tools not made by service_tool (which call one) only read."""
-    return getattr(fn, "required_scope", TokenScope.READ)
+    return getattr(fn, "need", ToolNeed(scope=TokenScope.READ))
 
 
 def flat_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -207,7 +227,7 @@ class KBServer(MCPServer):
         # And unknown argument names are refused, the schema saying so (zod's .strict()).
         self.closed_arguments = closed_arguments
         self._description_suffixes: dict[str, Callable[[], Awaitable[str]]] = {}
-        self._scopes: dict[str, TokenScope] = {}
+        self._needs: dict[str, ToolNeed] = {}
 
     def add_tools(
         self,
@@ -221,7 +241,7 @@ class KBServer(MCPServer):
             if read_only and not annotations.read_only_hint:
                 continue
             self.add_tool(fn, annotations=annotations, structured_output=structured_output)
-            self._scopes[fn.__name__] = required_scope(fn)
+            self._needs[fn.__name__] = tool_need(fn)
             if self.strict_arguments:
                 self._tighten(fn.__name__)
 
@@ -246,11 +266,7 @@ class KBServer(MCPServer):
         """The tools the caller's token may use (all of them when no caller is known: in memory)."""
         caller = current_caller_or_none()
         tools = await super().list_tools()
-        permitted = [
-            tool
-            for tool in tools
-            if caller is None or caller.access.allows(self._scopes.get(tool.name, TokenScope.READ))
-        ]
+        permitted = [tool for tool in tools if caller is None or self._needs[tool.name].met_by(caller.access)]
         return [await self._listed(tool) for tool in permitted]
 
     async def _listed(self, tool: MCPTool) -> MCPTool:

@@ -238,7 +238,7 @@ class CreatedCollection(TypedDict):
     uuid: str
 
 
-@service_tool(TokenScope.WRITE)
+@service_tool(TokenScope.WRITE, every_collection_to="create collections")
 def rag_create_collection(
     name: Annotated[
         str,
@@ -247,8 +247,6 @@ def rag_create_collection(
     description: Annotated[str, Field(description="Optional description")] = "",
 ) -> CreatedCollection:
     """Create a new, empty collection."""
-    access = current_access()
-    access.require_unrestricted("create collections")
     collection = collection_create(name=name, description=description)
     return CreatedCollection(
         success=True, name=collection.name, description=collection.description, uuid=str(collection.uuid)

@@ -125,14 +125,12 @@ def list_documents(collection_id: CollectionId) -> str:
     return json_text({"collection_id": collection_id, "documents": [document_json(d) for d in documents]})
 
 
-@service_tool(TokenScope.WRITE, on_error=raise_tool_error)
+@service_tool(TokenScope.WRITE, every_collection_to="create collections", on_error=raise_tool_error)
 def create_collection(
     name: Annotated[str, Field(description="Collection name (letters, digits, '-' and '_')")],
     description: Annotated[str, Field(description="What the collection holds")],
 ) -> str:
     """Creates a new, empty collection."""
-    access = current_access()
-    access.require_unrestricted("create collections")
     return json_text({"collection": collection_json(collection_create(name=name, description=description), 0)})
 
 

@@ -210,6 +210,8 @@ def test_a_token_from_another_machine_has_the_tokens_access(server_url):
 
 def test_a_token_is_offered_only_the_tools_its_scope_allows(server_url):
     tokens = {scope: token_create(name=scope, scope=scope)[1] for scope in ("read", "write", "admin")}
+    collection_create(name="own")
+    tokens["limited writer"] = token_create(name="limited", scope="write", collections=["own"])[1]
 
     async def tool_names(raw: str, path: str) -> set[str]:
         async with sse_session(f"{server_url}{path}", headers=bearer(raw)) as session:
@@ -225,8 +227,18 @@ def test_a_token_is_offered_only_the_tools_its_scope_allows(server_url):
         assert "rag_delete_collection" in admin
         synthesis_read = await tool_names(tokens["read"], "/profiles/synthesis/sse")
         assert synthesis_read == {"search_rag", "list_collections", "list_documents"}
+        # A token limited to some collections cannot create one (the call is refused), so it is not offered.
+        limited = await tool_names(tokens["limited writer"], "/sse")
+        assert limited == write - {"rag_create_collection"}
+        limited_synthesis = await tool_names(tokens["limited writer"], "/profiles/synthesis/sse")
+        assert "create_collection" in await tool_names(tokens["write"], "/profiles/synthesis/sse")
+        assert "create_collection" not in limited_synthesis and "fetch_and_add_document_from_url" in limited_synthesis
+        async with sse_session(f"{server_url}/sse", headers=bearer(tokens["limited writer"])) as session:
+            refused = await session.call_tool("rag_create_collection", {"name": "unlisted"})
+            assert error_of(refused)["code"] == "PERMISSION_DENIED"
 
     anyio.run(run)
+    assert not Collection.objects.filter(name="unlisted").exists()
 
 
 # --- /health ------------------------------------------------------------------------------------------
