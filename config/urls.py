@@ -11,6 +11,7 @@ urlpatterns = [
     path("health", views.health, name="health"),
     path("health/live", views.liveness, name="liveness"),
     path("health/ready", views.readiness, name="readiness"),
+    path("api/", views.api_not_found, {"rest": ""}),  # before django-ninja's root, an HTML 404
     path("api/", api.urls),
     re_path(r"^api/(?P<rest>.*)$", views.api_not_found),
 ]

@@ -21,6 +21,8 @@ class ErrorCode(StrEnum):
     PERMISSION_DENIED = "PERMISSION_DENIED"
     # Not in the seed: a REST path that names no endpoint at all, or a source or sync run.
     NOT_FOUND = "NOT_FOUND"
+    # Not in the seed: a REST path with a method it does not take.
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
 
 
 HTTP_STATUS = {
@@ -36,6 +38,7 @@ HTTP_STATUS = {
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.PERMISSION_DENIED: 403,
     ErrorCode.NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
 }
 
 

@@ -27,14 +27,26 @@ def test_the_status_of_each_code_is_the_seeds():
         "UNAUTHORIZED": 401,
         "PERMISSION_DENIED": 403,
         "NOT_FOUND": 404,
+        "METHOD_NOT_ALLOWED": 405,
     }
 
 
-@pytest.mark.parametrize("path", ["/api/nothing-here", "/api/collections/docs/extra/parts"])
+@pytest.mark.parametrize("path", ["/api/nothing-here", "/api/collections/docs/extra/parts", "/api/"])
 def test_a_path_that_names_no_endpoint_is_a_json_404(client, path):
     response = client.get(path)
     assert response["Content-Type"] == "application/json"
     assert error_of(response) == (404, "NOT_FOUND")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [("delete", "/api/collections", "GET, POST"), ("put", "/api/search", "POST"), ("patch", "/api/health", "GET")],
+)
+def test_a_method_a_path_does_not_take_is_a_json_405(client, method, path, allowed):
+    response = getattr(client, method)(path)
+    assert response["Content-Type"] == "application/json"
+    assert error_of(response) == (405, "METHOD_NOT_ALLOWED")
+    assert response["Allow"] == allowed and allowed in response.json()["error"]["message"]
 
 
 def test_a_database_failure_is_500_database_error(client):
