@@ -15,7 +15,8 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 from django.db import DatabaseError, close_old_connections, connections
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
-from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, CallToolResult, GetPromptResult, InputRequiredResult, TextContent, ToolAnnotations
 from mcp_types import Tool as MCPTool
 from pydantic import ValidationError
 
@@ -278,6 +279,19 @@ class KBServer(MCPServer):
         if self.input_schema_in_meta:
             update["meta"] = {**(tool.meta or {}), "jsonSchema": tool.input_schema}
         return tool.model_copy(update=update)
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Context[Any, Any] | None = None
+    ) -> GetPromptResult | InputRequiredResult:
+        """An unknown prompt or argument is the caller's mistake: JSON-RPC's invalid params, with the
+        names, where the SDK answers error code 0 ("Error rendering prompt")."""
+        prompt = self._prompt_manager.get_prompt(name)
+        if prompt is None:
+            raise MCPError(INVALID_PARAMS, f"Unknown prompt: {name}")
+        unknown = sorted(set(arguments or {}) - {argument.name for argument in prompt.arguments or []})
+        if unknown:
+            raise MCPError(INVALID_PARAMS, f"Prompt {name} takes no argument {', '.join(unknown)}")
+        return await super().get_prompt(name, arguments, context)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None

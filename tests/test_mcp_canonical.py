@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
 
 from kb.access import FULL_ACCESS, Access
 from kb.selectors.ingestion import STILL_EMBEDDING
@@ -426,6 +427,28 @@ def test_it_offers_rag_mcps_two_prompts():
     assert sorted(prompt.name for prompt in listed.prompts) == ["citation_prompt", "grounded_qa_prompt"]
     assert grounded.messages[0].content.text == GROUNDED_QA
     assert "[source_uri:lines]" in citation.messages[0].content.text
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "message"),
+    [
+        ("rag_answer", None, "Unknown prompt: rag_answer"),
+        (
+            "grounded_qa_prompt",
+            {"topic": "x", "about": "y"},
+            "Prompt grounded_qa_prompt takes no argument about, topic",
+        ),
+    ],
+)
+def test_an_unknown_prompt_or_argument_is_invalid_params_with_the_names(name, arguments, message):
+    # The SDK answered error code 0 ("Error rendering prompt grounded_qa_prompt").
+    async def get(client):
+        with pytest.raises(MCPError) as error:
+            await client.get_prompt(name, arguments)
+        return error.value
+
+    error = in_memory(SERVER, get)
+    assert (error.code, error.message) == (INVALID_PARAMS, message)
 
 
 def test_a_token_limited_to_a_collection_sees_nothing_else():
