@@ -422,7 +422,11 @@ def _guess_title(text: str, content_type: str, filename: str) -> str:
 
 def _parse_html(html: str) -> ParsedDocument:
     import trafilatura
+    from trafilatura.utils import INVALID_XML_CHARS
 
+    # trafilatura deletes these before libxml2 reads the page ("<\x01div" is a <div> to it): the
+    # budgets are counted on the same text.
+    html = INVALID_XML_CHARS.sub("", html)
     _check_html_shape(html)
     text = trafilatura.extract(
         html, output_format="markdown", include_tables=True, include_comments=False, favor_recall=True
