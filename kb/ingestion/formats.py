@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import accumulate, islice
 from pathlib import Path, PurePosixPath
+from types import ModuleType
 from typing import Any
 
 from django.conf import settings
 
 from kb.errors import ErrorCode, KBError
-from kb.ingestion import pdf_text
+from kb.ingestion import html_text, pdf_text
 from kb.ingestion.archives import declared_entry_count
 
 # The 001 seed's content_type enum, plus the formats and languages we also understand.
@@ -421,32 +422,38 @@ def _guess_title(text: str, content_type: str, filename: str) -> str:
 
 
 def _parse_html(html: str) -> ParsedDocument:
-    import trafilatura
     from trafilatura.utils import INVALID_XML_CHARS
 
     # trafilatura deletes these before libxml2 reads the page ("<\x01div" is a <div> to it): the
     # budgets are counted on the same text.
     html = INVALID_XML_CHARS.sub("", html)
-    _check_html_shape(html)
-    text = trafilatura.extract(
-        html, output_format="markdown", include_tables=True, include_comments=False, favor_recall=True
+    _check_html_tags(html)
+    limits = {"max_depth": settings.KB_PARSE_MAX_DEPTH, "max_elements": settings.KB_HTML_MAX_ELEMENTS}
+    if len(html) <= html_text.IN_PROCESS_CHARS:
+        extracted = html_text.extract(html, **limits)
+    else:
+        extracted = _extract_in_child(
+            html_text, html.encode("utf-8", "surrogatepass"), limits, what="the HTML page", budgets="KB_HTML"
+        )
+    if failure := extracted.get("failure"):
+        raise KBError(ErrorCode.LOAD_FAILED, _html_failure_message(failure))
+    title = extracted["title"]
+    metadata: dict[str, Any] = {"author": extracted["author"], "published": extracted["published"], "title": title}
+    metadata = {key: value for key, value in metadata.items() if value}
+    return ParsedDocument(text=extracted["text"], content_type="html", title=title, metadata=metadata)
+
+
+def _html_failure_message(failure: str) -> str:
+    return {
+        html_text.FAILURE_TOO_DEEP: f"The HTML content nests deeper than {settings.KB_PARSE_MAX_DEPTH} levels "
+        "(KB_PARSE_MAX_DEPTH)",
+        html_text.FAILURE_TOO_MANY_ELEMENTS: _too_many_html_elements().message,
+        html_text.FAILURE_NO_TEXT: "The HTML page has no readable text",
+    }.get(
+        failure,
+        f"Reading the HTML page needed more than {settings.KB_HTML_MAX_MEMORY_BYTES} bytes of memory "
+        "(KB_HTML_MAX_MEMORY_BYTES)",
     )
-    if not text or not text.strip():
-        text = trafilatura.html2txt(html) or ""
-    if not text.strip():
-        raise KBError(ErrorCode.LOAD_FAILED, "The HTML page has no readable text")
-    found = trafilatura.extract_metadata(html)
-    metadata: dict[str, Any] = {}
-    title = ""
-    if found is not None:
-        title = found.title or ""
-        if found.author:
-            metadata["author"] = found.author
-        if found.date:
-            metadata["published"] = found.date
-    if title:
-        metadata["title"] = title
-    return ParsedDocument(text=text.strip() + "\n", content_type="html", title=title, metadata=metadata)
 
 
 # A start tag as HTML5 (and libxml2 2.14) tokenizes it: its name, then attributes, each a name and
@@ -458,30 +465,6 @@ _HTML_START_TAG = re.compile(rf"<[A-Za-z][^\t\n\f\r />]*+(?:[\t\n\f\r /]++|{_HTM
 _HTML_NAME = re.compile(_HTML_ATTRIBUTE)
 # Attributes of one tag: the parser compares each with every other one of its tag.
 MAX_TAG_ATTRIBUTES = 1_000
-
-
-def _check_html_shape(html: str) -> None:
-    """Start tags and their attributes within budget before anything parses the page, then
-    nesting and elements on the tree trafilatura will build (whose parser, libxml2, itself stops at
-    256 levels): main-content extraction costs time for every element, the more the deeper they
-    nest, and for every attribute."""
-    from lxml import etree
-    from trafilatura.utils import load_html
-
-    _check_html_tags(html)
-    tree = load_html(html)
-    if tree is None:
-        return  # nothing parseable: extraction finds no text and says so
-    depth = elements = 0
-    for event, _ in etree.iterwalk(tree, events=("start", "end")):
-        if event == "end":
-            depth -= 1
-            continue
-        depth += 1
-        elements += 1
-        _check_nesting(depth, "HTML")
-        if elements > settings.KB_HTML_MAX_ELEMENTS:
-            raise _too_many_html_elements()
 
 
 def _check_html_tags(html: str) -> None:
@@ -514,7 +497,10 @@ def _too_many_html_elements() -> KBError:
 
 
 def _parse_pdf(data: bytes) -> ParsedDocument:
-    extracted = _extract_pdf_in_child(data)
+    options = {"max_pages": settings.KB_PDF_MAX_PAGES, "max_text_chars": settings.KB_MAX_TEXT_CHARS}
+    extracted = _extract_in_child(pdf_text, data, options, what="the PDF", budgets="KB_PDF")
+    if failure := extracted.get("failure"):
+        raise KBError(ErrorCode.LOAD_FAILED, _pdf_failure_message(failure, extracted["detail"]))
     page_texts: list[str] = extracted["pages"]
     if not any(page_texts):
         raise KBError(ErrorCode.LOAD_FAILED, "The PDF has no extractable text (is it a scanned image?)")
@@ -529,19 +515,22 @@ def _parse_pdf(data: bytes) -> ParsedDocument:
     return ParsedDocument(text=text, content_type="pdf", title=title, metadata=metadata, pages=pages)
 
 
-def _extract_pdf_in_child(data: bytes) -> dict[str, Any]:
-    """kb.ingestion.pdf_text's result, run in a child process within the PDF budgets."""
-    timeout = settings.KB_PDF_TIMEOUT_SECONDS
+def _extract_in_child(
+    module: ModuleType, data: bytes, options: dict[str, int], *, what: str, budgets: str
+) -> dict[str, Any]:
+    """``module``'s result for ``data``, run as ``python -m module`` within the budgets named
+    ``{budgets}_TIMEOUT_SECONDS`` (wall clock and CPU) and ``{budgets}_MAX_MEMORY_BYTES``."""
+    timeout_setting, memory_setting = f"{budgets}_TIMEOUT_SECONDS", f"{budgets}_MAX_MEMORY_BYTES"
+    timeout = getattr(settings, timeout_setting)
     command = [
         sys.executable,
         "-m",
-        pdf_text.__name__,
-        f"--max-pages={settings.KB_PDF_MAX_PAGES}",
-        f"--max-text-chars={settings.KB_MAX_TEXT_CHARS}",
-        f"--memory-bytes={settings.KB_PDF_MAX_MEMORY_BYTES}",
+        module.__name__,
+        *(f"--{name.replace('_', '-')}={value}" for name, value in options.items()),
+        f"--memory-bytes={getattr(settings, memory_setting)}",
         f"--cpu-seconds={timeout}",
     ]
-    too_long = f"Reading the PDF took more than {timeout} s (KB_PDF_TIMEOUT_SECONDS)"
+    too_long = f"Reading {what} took more than {timeout} s ({timeout_setting})"
     try:
         finished = subprocess.run(
             command, input=data, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=_PROJECT_ROOT, timeout=timeout
@@ -551,18 +540,14 @@ def _extract_pdf_in_child(data: bytes) -> dict[str, Any]:
     if finished.returncode == -signal.SIGXCPU:
         raise KBError(ErrorCode.LOAD_FAILED, too_long)
     try:
-        extracted = json.loads(finished.stdout)
+        return json.loads(finished.stdout)
     except ValueError:
         # Killed, or out of memory where it could not even say so.
         raise KBError(
             ErrorCode.LOAD_FAILED,
-            f"The PDF could not be read within its budget (KB_PDF_MAX_MEMORY_BYTES, KB_PDF_TIMEOUT_SECONDS); "
+            f"Reading {what} failed within its budget ({memory_setting}, {timeout_setting}); "
             f"the parser ended with status {finished.returncode}",
         ) from None
-    failure = extracted.get("failure")
-    if failure:
-        raise KBError(ErrorCode.LOAD_FAILED, _pdf_failure_message(failure, extracted["detail"]))
-    return extracted
 
 
 def _pdf_failure_message(failure: str, detail: str) -> str:

@@ -72,7 +72,7 @@ def _epoch_dates(info: Any) -> dict[str, float]:
     return dates
 
 
-def _limit_resources(memory_bytes: int, cpu_seconds: int) -> None:
+def limit_resources(memory_bytes: int, cpu_seconds: int) -> None:
     """Past the address-space limit allocations fail (MemoryError); past the CPU limit the kernel
     ends the process with SIGXCPU. Only soft limits are set: lowering them is always allowed."""
     for kind, value in ((resource.RLIMIT_AS, memory_bytes), (resource.RLIMIT_CPU, cpu_seconds)):
@@ -87,7 +87,7 @@ def main() -> None:
     arguments = parser.parse_args()
     logging.disable(logging.WARNING)  # pypdf's warnings about malformed files would only cost time
     data = sys.stdin.buffer.read()
-    _limit_resources(arguments.memory_bytes, arguments.cpu_seconds)
+    limit_resources(arguments.memory_bytes, arguments.cpu_seconds)
     result = extract(data, max_pages=arguments.max_pages, max_text_chars=arguments.max_text_chars)
     sys.stdout.write(json.dumps(result))  # ASCII escapes carry any lone surrogate pypdf produced
 

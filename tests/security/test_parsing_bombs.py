@@ -11,7 +11,7 @@ import zlib
 import pytest
 
 from kb.errors import ErrorCode, KBError
-from kb.ingestion import formats
+from kb.ingestion import formats, html_text
 from kb.ingestion.formats import parse
 from kb.models import Chunk, Document
 from kb.services.collections import collection_create
@@ -344,6 +344,29 @@ def test_the_attributes_of_a_page_are_counted_as_its_parser_counts_them(settings
     settings.KB_HTML_MAX_ATTRIBUTES = counted_by_parser - 1
     with pytest.raises(KBError, match="KB_HTML_MAX_ATTRIBUTES"):
         parse(page, content_type="html")
+
+
+def test_an_html_page_trafilatura_would_spend_minutes_and_gigabytes_on_is_stopped_at_its_budget(collection, settings):
+    # Markdown output joins adjacent bold runs in time and memory in the square of their number:
+    # 8,000 in one paragraph (1.6 MB) took 56 s and 11.8 GB in the web process.
+    settings.KB_HTML_TIMEOUT_SECONDS, settings.KB_HTML_MAX_MEMORY_BYTES = 3, 512 * 1024 * 1024
+    runs = "".join(f"<b>run {n} " + "lorem ipsum " * 16 + "</b>" for n in range(4_000))  # 0.8 MB: 1.8 GB
+    page = f"<html><head><title>t</title></head><body><p>{runs}</p></body></html>".encode()
+    message = refused_upload(collection, "bold.html", page)
+    assert "KB_HTML_TIMEOUT_SECONDS" in message or "KB_HTML_MAX_MEMORY_BYTES" in message
+
+
+def test_an_html_page_extracted_in_the_child_reads_as_in_process(collection):
+    sections = "".join(
+        f"<h2>Section {n}</h2><p>Paragraph {n} of the <b>report</b>, about wind tunnels and lift.</p>" * 3
+        for n in range(200)
+    )
+    page = f"<html><head><title>Report</title></head><body><article>{sections}</article></body></html>"
+    assert len(page) > html_text.IN_PROCESS_CHARS
+    parsed = parse(page.encode(), content_type="html")
+    in_process = html_text.extract(page, max_depth=100, max_elements=25_000)
+    assert (parsed.text, parsed.title) == (in_process["text"], "Report")
+    assert "## Section 199" in parsed.text and "**report**" in parsed.text
 
 
 # --- Ordinary documents ------------------------------------------------------------------------------
