@@ -337,10 +337,14 @@ def _drop(pairs: list[tuple[str, Any]]) -> None:
 
 def _check_nesting(depth: int, kind: str) -> None:
     if depth > settings.KB_PARSE_MAX_DEPTH:
-        raise KBError(
-            ErrorCode.LOAD_FAILED,
-            f"The {kind} content nests deeper than {settings.KB_PARSE_MAX_DEPTH} levels (KB_PARSE_MAX_DEPTH)",
-        )
+        raise _too_deep(kind)
+
+
+def _too_deep(kind: str) -> KBError:
+    return KBError(
+        ErrorCode.LOAD_FAILED,
+        f"The {kind} content nests deeper than {settings.KB_PARSE_MAX_DEPTH} levels (KB_PARSE_MAX_DEPTH)",
+    )
 
 
 def _check_yaml(text: str) -> None:
@@ -436,24 +440,25 @@ def _parse_html(html: str) -> ParsedDocument:
             html_text, html.encode("utf-8", "surrogatepass"), limits, what="the HTML page", budgets="KB_HTML"
         )
     if failure := extracted.get("failure"):
-        raise KBError(ErrorCode.LOAD_FAILED, _html_failure_message(failure))
+        raise _html_failure(failure)
     title = extracted["title"]
     metadata: dict[str, Any] = {"author": extracted["author"], "published": extracted["published"], "title": title}
     metadata = {key: value for key, value in metadata.items() if value}
     return ParsedDocument(text=extracted["text"], content_type="html", title=title, metadata=metadata)
 
 
-def _html_failure_message(failure: str) -> str:
-    return {
-        html_text.FAILURE_TOO_DEEP: f"The HTML content nests deeper than {settings.KB_PARSE_MAX_DEPTH} levels "
-        "(KB_PARSE_MAX_DEPTH)",
-        html_text.FAILURE_TOO_MANY_ELEMENTS: _too_many_html_elements().message,
-        html_text.FAILURE_NO_TEXT: "The HTML page has no readable text",
-    }.get(
-        failure,
-        f"Reading the HTML page needed more than {settings.KB_HTML_MAX_MEMORY_BYTES} bytes of memory "
-        "(KB_HTML_MAX_MEMORY_BYTES)",
-    )
+def _html_failure(failure: str) -> KBError:
+    failures = {
+        html_text.FAILURE_TOO_DEEP: _too_deep("HTML"),
+        html_text.FAILURE_TOO_MANY_ELEMENTS: _too_many_html_elements(),
+        html_text.FAILURE_NO_TEXT: KBError(ErrorCode.LOAD_FAILED, "The HTML page has no readable text"),
+        html_text.FAILURE_OUT_OF_MEMORY: KBError(
+            ErrorCode.LOAD_FAILED,
+            f"Reading the HTML page needed more than {settings.KB_HTML_MAX_MEMORY_BYTES} bytes of memory "
+            "(KB_HTML_MAX_MEMORY_BYTES)",
+        ),
+    }
+    return failures.get(failure, KBError(ErrorCode.LOAD_FAILED, "The HTML page could not be read"))
 
 
 # A start tag as HTML5 (and libxml2 2.14) tokenizes it: its name, then attributes, each a name and
