@@ -356,6 +356,12 @@ def test_an_html_page_trafilatura_would_spend_minutes_and_gigabytes_on_is_stoppe
     assert "KB_HTML_TIMEOUT_SECONDS" in message or "KB_HTML_MAX_MEMORY_BYTES" in message
 
 
+@pytest.mark.parametrize("size", [100, 50_000], ids=["in process", "in the child"])
+def test_an_html_page_without_readable_text_says_so(collection, size):
+    page = f"<html><head><script>var x = '{'y' * size}';</script></head><body></body></html>".encode()
+    assert refused_upload(collection, "empty.html", page) == "The HTML page has no readable text"
+
+
 def test_an_html_page_extracted_in_the_child_reads_as_in_process(collection):
     sections = "".join(
         f"<h2>Section {n}</h2><p>Paragraph {n} of the <b>report</b>, about wind tunnels and lift.</p>" * 3
