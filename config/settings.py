@@ -274,8 +274,8 @@ KB_ARCHIVE_MAX_RATIO = env_int("KB_ARCHIVE_MAX_RATIO", 100, minimum=2)
 KB_PDF_MAX_PAGES = env_int("KB_PDF_MAX_PAGES", 2_000, minimum=1)
 KB_PDF_TIMEOUT_SECONDS = env_int("KB_PDF_TIMEOUT_SECONDS", 20, minimum=1)
 KB_PDF_MAX_MEMORY_BYTES = env_int("KB_PDF_MAX_MEMORY_BYTES", 512 * 1024 * 1024, minimum=128 * 1024 * 1024)
-# HTML pages over 32 KB likewise (python -m kb.ingestion.html_text): trafilatura spends more than
-# linear time and memory on some pages.
+# HTML pages likewise (python -m kb.ingestion.html_text): trafilatura spends more than linear time
+# and memory on some pages.
 KB_HTML_TIMEOUT_SECONDS = env_int("KB_HTML_TIMEOUT_SECONDS", 20, minimum=1)
 KB_HTML_MAX_MEMORY_BYTES = env_int("KB_HTML_MAX_MEMORY_BYTES", 1024 * 1024 * 1024, minimum=256 * 1024 * 1024)
 

@@ -432,26 +432,28 @@ def _parse_html(html: str) -> ParsedDocument:
     # budgets are counted on the same text.
     html = INVALID_XML_CHARS.sub("", html)
     _check_html_tags(html)
-    limits = {"max_depth": settings.KB_PARSE_MAX_DEPTH, "max_elements": settings.KB_HTML_MAX_ELEMENTS}
-    if len(html) <= html_text.IN_PROCESS_CHARS:
-        extracted = html_text.extract(html, **limits)
-    else:
-        extracted = _extract_in_child(
-            html_text, html.encode("utf-8", "surrogatepass"), limits, what="the HTML page", budgets="KB_HTML"
-        )
+    limits = {
+        "max_depth": settings.KB_PARSE_MAX_DEPTH,
+        "max_elements": settings.KB_HTML_MAX_ELEMENTS,
+        "max_text_chars": settings.KB_MAX_TEXT_CHARS,
+    }
+    extracted = _extract_in_child(
+        html_text, html.encode("utf-8", "surrogatepass"), limits, what="the HTML page", budgets="KB_HTML"
+    )
     if failure := extracted.get("failure"):
-        raise _html_failure(failure)
+        raise _html_failure(failure, extracted["detail"])
     title = extracted["title"]
     metadata: dict[str, Any] = {"author": extracted["author"], "published": extracted["published"], "title": title}
     metadata = {key: value for key, value in metadata.items() if value}
     return ParsedDocument(text=extracted["text"], content_type="html", title=title, metadata=metadata)
 
 
-def _html_failure(failure: str) -> KBError:
+def _html_failure(failure: str, detail: str) -> KBError:
     failures = {
         html_text.FAILURE_TOO_DEEP: _too_deep("HTML"),
         html_text.FAILURE_TOO_MANY_ELEMENTS: _too_many_html_elements(),
         html_text.FAILURE_NO_TEXT: KBError(ErrorCode.LOAD_FAILED, "The HTML page has no readable text"),
+        html_text.FAILURE_TOO_MUCH_TEXT: _too_much_text(f"{detail} characters"),
         html_text.FAILURE_OUT_OF_MEMORY: KBError(
             ErrorCode.LOAD_FAILED,
             f"Reading the HTML page needed more than {settings.KB_HTML_MAX_MEMORY_BYTES} bytes of memory "

@@ -1,12 +1,12 @@
 """Text and metadata of an HTML page, extracted by trafilatura within limits of memory and CPU time.
 
 trafilatura and libxml2 spend more than linear time and memory on some pages well within the size
-budgets: adjacent bold runs joined for Markdown output (8,000 in one paragraph, 1.6 MB: 56 s and
-11.8 GB), thousands of spans in one block, an unparseable JSON-LD script (128 KB: 9 s). So a page
-over ``IN_PROCESS_CHARS`` is extracted by ``python -m kb.ingestion.html_text --max-depth N
---max-elements N --memory-bytes N --cpu-seconds N``, which reads the page (UTF-8) on its stdin and
-writes one JSON object on its stdout, as kb.ingestion.pdf_text does for PDFs; a smaller page, where
-none of these costs adds up to much, by the same ``extract`` in the calling process.
+budgets: a table of 100 rows each spanning 100 rows and columns (3 KB) became 1.5 M characters in
+7.6 s, adjacent bold runs joined for Markdown output (8,000 in one paragraph, 1.6 MB) took 56 s and
+11.8 GB, an unparseable JSON-LD script of 128 KB 9 s. So every page is extracted by ``python -m
+kb.ingestion.html_text --max-depth N --max-elements N --max-text-chars N --memory-bytes N
+--cpu-seconds N``, which reads the page (UTF-8) on its stdin and writes one JSON object on its
+stdout, as kb.ingestion.pdf_text does for PDFs (about 0.2 s of start-up per page).
 
 The JSON object is either the result, ``{"text", "title", "author", "published"}`` (the last two
 may be null), or ``{"failure": kind, "detail": text}`` with ``kind`` one of the ``FAILURE_*``
@@ -20,17 +20,14 @@ from typing import Any
 
 from kb.ingestion.pdf_text import limit_resources
 
-# Pages up to this many characters are extracted in the calling process: a child costs about 0.3 s
-# of start-up, and the worst page found of this size costs less than a second.
-IN_PROCESS_CHARS = 32 * 1024
-
 FAILURE_TOO_DEEP = "too_deep"
 FAILURE_TOO_MANY_ELEMENTS = "too_many_elements"
 FAILURE_NO_TEXT = "no_text"
+FAILURE_TOO_MUCH_TEXT = "too_much_text"
 FAILURE_OUT_OF_MEMORY = "out_of_memory"
 
 
-def extract(html: str, *, max_depth: int, max_elements: int) -> dict[str, Any]:
+def extract(html: str, *, max_depth: int, max_elements: int, max_text_chars: int) -> dict[str, Any]:
     """The page's main text as Markdown, its title, author and date; or a failure. Nesting and
     elements are checked on the tree first (libxml2 itself stops at 256 levels): main-content
     extraction costs time for every element, the more the deeper they nest."""
@@ -48,6 +45,8 @@ def extract(html: str, *, max_depth: int, max_elements: int) -> dict[str, Any]:
             text = trafilatura.html2txt(html) or ""
         if not text.strip():
             return _failure(FAILURE_NO_TEXT)
+        if len(text) > max_text_chars:
+            return _failure(FAILURE_TOO_MUCH_TEXT, str(len(text)))
         found = trafilatura.extract_metadata(html)
     except MemoryError:
         return _failure(FAILURE_OUT_OF_MEMORY)
@@ -82,12 +81,17 @@ def _failure(kind: str, detail: str = "") -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Extract an HTML page's text (read on stdin) as JSON on stdout.")
-    for option in ("--max-depth", "--max-elements", "--memory-bytes", "--cpu-seconds"):
+    for option in ("--max-depth", "--max-elements", "--max-text-chars", "--memory-bytes", "--cpu-seconds"):
         parser.add_argument(option, type=int, required=True)
     arguments = parser.parse_args()
     html = sys.stdin.buffer.read().decode("utf-8", "surrogatepass")
     limit_resources(arguments.memory_bytes, arguments.cpu_seconds)
-    result = extract(html, max_depth=arguments.max_depth, max_elements=arguments.max_elements)
+    result = extract(
+        html,
+        max_depth=arguments.max_depth,
+        max_elements=arguments.max_elements,
+        max_text_chars=arguments.max_text_chars,
+    )
     sys.stdout.write(json.dumps(result))  # ASCII escapes carry any lone surrogate
 
 
