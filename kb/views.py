@@ -41,7 +41,7 @@ def favicon(request: HttpRequest) -> HttpResponse:
 
 
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    if not request.path.startswith("/api/"):
+    if not request.path_info.startswith("/api/"):
         return defaults.bad_request(request, exception)
     reason = f": {exception}" if exception and str(exception) else ""
     error = KBError(ErrorCode.INVALID_ARGUMENT, f"The request could not be read{reason}")

@@ -85,7 +85,7 @@ def method_not_allowed_as_json(get_response: Callable[[HttpRequest], Any]) -> Ca
     """django-ninja answers a method its path does not take in plain text; the API's shape instead."""
 
     def translated(request: HttpRequest, response: HttpResponse) -> HttpResponse:
-        if response.status_code != 405 or not request.path.startswith("/api/"):
+        if response.status_code != 405 or not request.path_info.startswith("/api/"):
             return response
         allowed = ", ".join(sorted(method.strip() for method in response.headers.get("Allow", "").split(",")))
         error = KBError(
