@@ -213,7 +213,18 @@ def test_long_text_reaches_the_splitter_in_windows_and_keeps_every_word(monkeypa
     ids=["blank line", "line break", "space", "none in the second half"],
 )
 def test_a_window_ends_at_the_best_boundary_in_its_second_half(text, first_window):
-    windows = list(chunking._windows(text, 0, len(text), size=100))
+    windows = list(chunking._windows(text, 0, len(text), chars=100, tokens=100))
     assert text[slice(*windows[0])] == first_window
     assert "".join(text[start:end] for start, end in windows) == text
     assert all(0 < end - start <= 100 for start, end in windows)
+
+
+def test_text_dense_in_tokens_gets_windows_of_as_many_tokens_not_characters():
+    # Chinese is about a token a character: windows sized in characters held 200 chunks, not 40
+    # (1 M characters took 50 s to chunk).
+    text = "".join(chr(0x4E00 + (n * 7919) % 2000) for n in range(3_000))
+    windows = list(chunking._windows(text, 0, len(text), chars=1_000, tokens=100))
+    assert "".join(text[start:end] for start, end in windows) == text
+    assert len(windows) >= 25 and all(count_tokens(text[start:end]) <= 100 for start, end in windows)
+    drafts = chunk_text(text, content_type="plain_text", settings=ChunkSettings(max_tokens=16, min_tokens=0))
+    assert "".join(draft.content for draft in drafts) == text and all(draft.token_count <= 16 for draft in drafts)

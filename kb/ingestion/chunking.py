@@ -119,7 +119,13 @@ def chunk_text(
     for page in pages or [Page(number=0, start=0, end=len(text))]:
         page_spans = [
             (start + offset, start + offset + len(chunk))
-            for start, end in _windows(text, page.start, page.end, size=WINDOW_CHARS_PER_TOKEN * settings.max_tokens)
+            for start, end in _windows(
+                text,
+                page.start,
+                page.end,
+                chars=WINDOW_CHARS_PER_TOKEN * settings.max_tokens,
+                tokens=WINDOW_CHUNKS * settings.max_tokens,
+            )
             for offset, chunk in splitter.chunk_indices(text[start:end])
         ]
         page_spans = _merge_small_spans(text, page_spans, settings, count_tokens)
@@ -141,18 +147,27 @@ def chunk_text(
     return drafts
 
 
-# Characters of text the splitter is given at once, per token of the chunk size: about 40 full
-# chunks of English. The splitters take time in more than the text's length times its chunk count
-# (1.7 M characters in 128-token chunks: 35 s whole, 7 s in windows), so long text goes in windows.
+# The splitters take time in more than the text's length times its chunk count (1.9 M characters
+# in 128-token chunks: 44.5 s whole), so long text reaches them in windows of about
+# WINDOW_CHUNKS full chunks: WINDOW_CHARS_PER_TOKEN characters per token of the chunk size for
+# English, fewer where the text is denser in tokens (Chinese is about one token a character).
+WINDOW_CHUNKS = 40
 WINDOW_CHARS_PER_TOKEN = 200
 # Where a window may end, best first: a blank line, a line break, a space.
 _WINDOW_ENDS = ("\n\n", "\n", " ")
 
 
-def _windows(text: str, start: int, end: int, *, size: int) -> Iterator[tuple[int, int]]:
-    """Consecutive pieces of ``text[start:end]``, each at most ``size`` long, cut at the best
-    boundary in a piece's second half (no chunk spans two pieces)."""
-    while end - start > size:
+def _windows(text: str, start: int, end: int, *, chars: int, tokens: int) -> Iterator[tuple[int, int]]:
+    """Consecutive pieces of ``text[start:end]``, each at most ``chars`` characters and about
+    ``tokens`` tokens long, cut at the best boundary in a piece's second half (no chunk spans two
+    pieces). Counting costs at most ``chars / tokens`` passes of the tokenizer over the text."""
+    while end - start > tokens:  # a token is at least a character: shorter text is one window
+        size = min(chars, end - start)
+        counted = count_tokens(text[start : start + size])
+        if counted > tokens:
+            size = max(size * tokens // counted, 2)
+        if start + size >= end:
+            break
         cut = start + size
         for mark in _WINDOW_ENDS:
             found = text.rfind(mark, start + size // 2, start + size)
