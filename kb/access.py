@@ -80,9 +80,14 @@ class Access:
             raise KBError(ErrorCode.NOT_FOUND, f"Sync run not found: {run_id}")
         return run
 
+    @property
+    def unrestricted(self) -> bool:
+        """Whether this access covers every collection (not a token limited to some)."""
+        return self.collections is None
+
     def require_unrestricted(self, action: str) -> None:
         """Actions that are not about one visible collection (creating one, server-wide stats...)."""
-        if self.collections is not None:
+        if not self.unrestricted:
             raise KBError(ErrorCode.PERMISSION_DENIED, f"A token limited to some collections cannot {action}")
 
     def visible(self, names: Iterable[str]) -> list[str]:

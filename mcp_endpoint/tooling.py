@@ -152,7 +152,7 @@ class ToolNeed:
     every_collection_to: str | None = None
 
     def met_by(self, access: Access) -> bool:
-        return access.allows(self.scope) and (self.every_collection_to is None or access.collections is None)
+        return access.allows(self.scope) and (self.every_collection_to is None or access.unrestricted)
 
     def require(self, access: Access) -> None:
         access.require(self.scope)

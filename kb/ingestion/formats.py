@@ -120,7 +120,7 @@ _BINARY_SIGNATURES = (
 _JSON_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 # How far each bracket takes the nesting (JSON here; source code in kb.ingestion.chunking).
 BRACKET_STEPS = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
-# The PDF parser runs as `python -m kb.ingestion.pdf_text` from the directory that holds `kb`.
+# The parsing children (`python -m kb.ingestion.pdf_text`, `...html_text`) run from the directory that holds `kb`.
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 

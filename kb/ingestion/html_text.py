@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from kb.ingestion.pdf_text import limit_resources
+from kb.ingestion.child_budget import failure, limit_resources
 
 FAILURE_TOO_DEEP = "too_deep"
 FAILURE_TOO_MANY_ELEMENTS = "too_many_elements"
@@ -36,26 +36,23 @@ def extract(html: str, *, max_depth: int, max_elements: int, max_text_chars: int
 
     try:
         tree = load_html(html)
-        if tree is not None and (failure := _shape_failure(tree, max_depth=max_depth, max_elements=max_elements)):
-            return failure
+        if tree is not None and (refused := _shape_failure(tree, max_depth=max_depth, max_elements=max_elements)):
+            return refused
         text = trafilatura.extract(
             html, output_format="markdown", include_tables=True, include_comments=False, favor_recall=True
         )
         if not text or not text.strip():
             text = trafilatura.html2txt(html) or ""
         if not text.strip():
-            return _failure(FAILURE_NO_TEXT)
+            return failure(FAILURE_NO_TEXT)
         if len(text) > max_text_chars:
-            return _failure(FAILURE_TOO_MUCH_TEXT, str(len(text)))
+            return failure(FAILURE_TOO_MUCH_TEXT, str(len(text)))
         found = trafilatura.extract_metadata(html)
     except MemoryError:
-        return _failure(FAILURE_OUT_OF_MEMORY)
-    return {
-        "text": text.strip() + "\n",
-        "title": (found.title if found is not None else None) or "",
-        "author": found.author if found is not None else None,
-        "published": found.date if found is not None else None,
-    }
+        return failure(FAILURE_OUT_OF_MEMORY)
+    if found is None:
+        return {"text": text.strip() + "\n", "title": "", "author": None, "published": None}
+    return {"text": text.strip() + "\n", "title": found.title or "", "author": found.author, "published": found.date}
 
 
 def _shape_failure(tree: Any, *, max_depth: int, max_elements: int) -> dict[str, Any] | None:
@@ -69,14 +66,10 @@ def _shape_failure(tree: Any, *, max_depth: int, max_elements: int) -> dict[str,
         depth += 1
         elements += 1
         if depth > max_depth:
-            return _failure(FAILURE_TOO_DEEP)
+            return failure(FAILURE_TOO_DEEP)
         if elements > max_elements:
-            return _failure(FAILURE_TOO_MANY_ELEMENTS)
+            return failure(FAILURE_TOO_MANY_ELEMENTS)
     return None
-
-
-def _failure(kind: str, detail: str = "") -> dict[str, Any]:
-    return {"failure": kind, "detail": detail}
 
 
 def main() -> None:

@@ -15,10 +15,11 @@ import argparse
 import io
 import json
 import logging
-import resource
 import sys
 from datetime import datetime
 from typing import Any
+
+from kb.ingestion.child_budget import failure, limit_resources
 
 FAILURE_ENCRYPTED = "encrypted"
 FAILURE_TOO_MANY_PAGES = "too_many_pages"
@@ -34,30 +35,26 @@ def extract(data: bytes, *, max_pages: int, max_text_chars: int) -> dict[str, An
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
-            return _failure(FAILURE_ENCRYPTED)
+            return failure(FAILURE_ENCRYPTED)
         page_count = len(reader.pages)
         if page_count > max_pages:
-            return _failure(FAILURE_TOO_MANY_PAGES, str(page_count))
+            return failure(FAILURE_TOO_MANY_PAGES, str(page_count))
         page_texts = []
         text_chars = 0
         for page in reader.pages:
             page_texts.append((page.extract_text() or "").replace("\r\n", "\n").strip())
             text_chars += len(page_texts[-1])
             if text_chars > max_text_chars:
-                return _failure(FAILURE_TOO_MUCH_TEXT)
+                return failure(FAILURE_TOO_MUCH_TEXT)
         info = reader.metadata
         title = str(info.title or "").strip() if info is not None else ""
         author = str(info.author).strip() if info is not None and info.author else None
         dates = _epoch_dates(info) if info is not None else {}
     except MemoryError:
-        return _failure(FAILURE_OUT_OF_MEMORY)
+        return failure(FAILURE_OUT_OF_MEMORY)
     except Exception as exc:  # noqa: BLE001 - pypdf raises many types on malformed input
-        return _failure(FAILURE_UNREADABLE, str(exc))
+        return failure(FAILURE_UNREADABLE, str(exc))
     return {"pages": page_texts, "title": title, "author": author, "dates": dates}
-
-
-def _failure(kind: str, detail: str = "") -> dict[str, Any]:
-    return {"failure": kind, "detail": detail}
 
 
 def _epoch_dates(info: Any) -> dict[str, float]:
@@ -70,14 +67,6 @@ def _epoch_dates(info: Any) -> dict[str, float]:
         if isinstance(value, datetime):
             dates[name] = value.timestamp()
     return dates
-
-
-def limit_resources(memory_bytes: int, cpu_seconds: int) -> None:
-    """Past the address-space limit allocations fail (MemoryError); past the CPU limit the kernel
-    ends the process with SIGXCPU. Only soft limits are set: lowering them is always allowed."""
-    for kind, value in ((resource.RLIMIT_AS, memory_bytes), (resource.RLIMIT_CPU, cpu_seconds)):
-        _, hard = resource.getrlimit(kind)
-        resource.setrlimit(kind, (value if hard == resource.RLIM_INFINITY else min(value, hard), hard))
 
 
 def main() -> None:
