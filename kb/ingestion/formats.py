@@ -464,12 +464,22 @@ def _html_failure(failure: str, detail: str) -> KBError:
 
 
 # A start tag as HTML5 (and libxml2 2.14) tokenizes it: its name, then attributes, each a name and
-# an optional value, quoted or not, up to the first ">" outside a quoted value. Possessive
-# quantifiers: every text matches one way, so a scan takes time linear in the page.
+# an optional value, quoted or not, up to the first ">" outside a quoted value (an end tag is read
+# the same way). Possessive quantifiers: every text matches one way, so a scan takes time linear
+# in the page.
 _HTML_VALUE = r"""(?:"[^"]*+"|'[^']*+'|[^\t\n\f\r >]++)"""
 _HTML_ATTRIBUTE = rf"[^\t\n\f\r />][^\t\n\f\r />=]*+(?:[\t\n\f\r ]*+=[\t\n\f\r ]*+{_HTML_VALUE}?)?"
-_HTML_START_TAG = re.compile(rf"<[A-Za-z][^\t\n\f\r />]*+(?:[\t\n\f\r /]++|{_HTML_ATTRIBUTE})*+>?")
+_HTML_TAG = re.compile(rf"</?[A-Za-z][^\t\n\f\r />]*+(?:[\t\n\f\r /]++|{_HTML_ATTRIBUTE})*+>?")
 _HTML_NAME = re.compile(_HTML_ATTRIBUTE)
+# Where markup may start: a comment, a doctype or other "<!" / "<?" declaration, an end tag, a start tag.
+_HTML_MARKUP = re.compile(r"<(?:!--|[!?]|/|(?=[A-Za-z]))")
+_HTML_COMMENT_END = re.compile(r"-?>|.*?--!?>", re.DOTALL)  # "<!-->" and "<!--->" end at once
+# Elements whose content is text to the parser up to their own end tag (HTML5's raw text and
+# escapable raw text, as libxml2 2.14 reads them); <plaintext> runs to the end of the page.
+_HTML_TEXT_ONLY = {
+    name: re.compile(rf"</{name}[\t\n\f\r />]", re.IGNORECASE)
+    for name in ("script", "style", "title", "textarea", "xmp", "iframe", "noembed", "noframes")
+}
 # Attributes of one tag: the parser compares each with every other one of its tag.
 MAX_TAG_ATTRIBUTES = 1_000
 
@@ -477,23 +487,54 @@ MAX_TAG_ATTRIBUTES = 1_000
 def _check_html_tags(html: str) -> None:
     """Counted on the text, so that a page over budget is refused before libxml2 builds it: 20 MB
     of <br> made a 716 MB tree, and one <div> with 20,000 attributes (200 KB) cost 3.5 s of
-    parsing and extraction, 40,000 four times that. Tags inside comments and scripts count too."""
+    parsing and extraction, 40,000 four times that. The page is read as its parser reads it:
+    comments (nodes of the tree, counted as elements), declarations, end tags and the text of
+    scripts, styles and the like hold no elements (a "<div" inside one is not counted). Where the
+    parser's reading is uncertain the count takes the reading with more elements: a script that
+    hides "</script" in an HTML comment ends later to the parser than here."""
     elements_left, attributes_left = settings.KB_HTML_MAX_ELEMENTS, settings.KB_HTML_MAX_ATTRIBUTES
-    for tag in _HTML_START_TAG.finditer(html):
-        elements_left -= 1
+    position = 0
+    while markup := _HTML_MARKUP.search(html, position):
+        opening = markup.group()
+        tag = None if opening == "<!--" else _HTML_TAG.match(html, markup.start())
+        if (opening == "</" and tag) or html.startswith("</>", markup.start()):
+            position = tag.end() if tag else markup.start() + 3
+            continue  # end tags build nothing
+        elements_left -= 1  # an element, or a comment (a node of the tree too: 4 M "<!-->" made 645 MB)
         if elements_left < 0:
             raise _too_many_html_elements()
+        if opening == "<!--":
+            comment_end = _HTML_COMMENT_END.match(html, markup.end())
+            position = comment_end.end() if comment_end else len(html)
+            continue
+        if tag is None:  # "<!x", "<?x" or "</1" up to the first ">": a comment to the parser
+            declaration_end = html.find(">", markup.end())
+            position = len(html) if declaration_end < 0 else declaration_end + 1
+            continue
         names = _HTML_NAME.finditer(html, tag.start() + 1, tag.end())
-        next(names)  # the tag's own
-        attributes = sum(1 for _ in islice(names, MAX_TAG_ATTRIBUTES + 1))
-        if attributes > MAX_TAG_ATTRIBUTES:
+        tag_name = next(names).group().lower()
+        attributes = list(islice(names, MAX_TAG_ATTRIBUTES + 1))
+        if len(attributes) > MAX_TAG_ATTRIBUTES:
             raise KBError(ErrorCode.LOAD_FAILED, f"An HTML tag has more than {MAX_TAG_ATTRIBUTES} attributes")
-        attributes_left -= attributes
+        attributes_left -= len(attributes)
         if attributes_left < 0:
             raise KBError(
                 ErrorCode.LOAD_FAILED,
                 f"The HTML page has more than {settings.KB_HTML_MAX_ATTRIBUTES} attributes (KB_HTML_MAX_ATTRIBUTES)",
             )
+        position = _past_text_only(html, tag, tag_name, attributes)
+
+
+def _past_text_only(html: str, tag: re.Match, tag_name: str, attributes: list[re.Match]) -> int:
+    """Where markup can start again after this start tag: past the text of a <script> and the like."""
+    if tag.group().endswith("/>") and (not attributes or attributes[-1].end() < tag.end() - 1):
+        return tag.end()  # libxml2 closes <script/> at once (HTML5 would not); in <script a=1/> "/" is a value's
+    if tag_name == "plaintext":
+        return len(html)
+    if text_end_tag := _HTML_TEXT_ONLY.get(tag_name):
+        text_end = text_end_tag.search(html, tag.end())
+        return len(html) if text_end is None else text_end.start()
+    return tag.end()
 
 
 def _too_many_html_elements() -> KBError:

@@ -296,16 +296,80 @@ def test_an_html_page_with_too_many_elements_is_refused(collection):
     assert "KB_HTML_MAX_ELEMENTS" in refused_upload(collection, "huge.html", page)
 
 
-def test_an_html_page_with_too_many_elements_is_refused_before_it_is_parsed(collection, monkeypatch):
-    # 20 MB of <br> made a 716 MB tree before the elements were counted on it.
-    import trafilatura.utils
+@pytest.fixture
+def parsing_children(monkeypatch) -> list[str]:
+    """The modules run in a parsing child process (HTML pages are parsed only there)."""
+    started: list[str] = []
+    extract_in_child = formats._extract_in_child
+    monkeypatch.setattr(
+        formats,
+        "_extract_in_child",
+        lambda module, *a, **k: started.append(module.__name__) or extract_in_child(module, *a, **k),
+    )
+    return started
 
-    parsed: list[int] = []
-    load_html = trafilatura.utils.load_html
-    monkeypatch.setattr(trafilatura.utils, "load_html", lambda html: parsed.append(len(html)) or load_html(html))
-    page = b"<html><body><p>text</p>" + b"<br>" * 30_000 + b"</body></html>"
+
+@pytest.mark.parametrize(
+    "nodes",
+    [b"<br>" * 30_000, b"<!-->" * 30_000, b"<!x>" * 30_000],
+    ids=["elements", "comments", "declarations"],
+)
+def test_an_html_page_with_too_many_nodes_is_refused_before_it_is_parsed(collection, parsing_children, nodes):
+    # 20 MB of <br> made a 716 MB tree before the elements were counted on it; 20 MB of "<!-->",
+    # each a comment node, 645 MB.
+    page = b"<html><body><p>text</p>" + nodes + b"</body></html>"
     assert "KB_HTML_MAX_ELEMENTS" in refused_upload(collection, "breaks.html", page)
-    assert parsed == []
+    assert parsing_children == []
+
+
+@pytest.mark.parametrize(
+    "markup",
+    [
+        "<script>if (a<b && c<d) {{ s = '<div class=\"x\">{n}'; }}</script>",
+        "<style>p<b {{ color: red }} /* {n} */</style>",
+        "<!-- <div><span>{n}</span> -->",
+        "<!--> <b>{n}</b> <!---> <i>{n}</i>",
+        "<title>a <b>bold</b> title {n}</title><textarea><u>{n}</u></textarea>",
+        "<script/><b>{n}</b></script><script a=1/><b>{n}</b></script>",
+        "<!x <script>><b>{n}</b></script x<i>>",
+        "</b title='><script>'><i>{n}</i><?php echo '<u>' ?>",
+        "<SCRIPT type='a>b'><b>{n}</b></SCRIPT\n><u>{n}</u>",
+    ],
+    ids=[
+        "script",
+        "style",
+        "comment",
+        "short comments",
+        "title and textarea",
+        "self-closed script",
+        "script in a declaration",
+        "script in an end tag",
+        "script spelled otherwise",
+    ],
+)
+def test_the_elements_of_a_page_are_counted_as_its_parser_counts_them(settings, parsing_children, markup):
+    from lxml import etree
+
+    body = "".join(f"<p>Paragraph {n} of the page.</p>" + markup.format(n=n) for n in range(4))
+    page = f"<html><body>{body}</body></html>".encode()
+    counted_by_parser = sum(1 for _ in etree.HTML(page).iter())  # elements and comments
+    settings.KB_HTML_MAX_ELEMENTS = counted_by_parser
+    assert "Paragraph 3 of the page." in parse(page, content_type="html").text
+    settings.KB_HTML_MAX_ELEMENTS = counted_by_parser - 1
+    parsing_children.clear()
+    with pytest.raises(KBError, match="KB_HTML_MAX_ELEMENTS"):
+        parse(page, content_type="html")
+    assert parsing_children == []  # refused by the count, not by the parser's own
+
+
+def test_a_script_full_of_comparisons_does_not_count_as_elements(collection, settings):
+    # Counting every "<" and a letter, 30,000 "i<n" in a script had refused an ordinary page.
+    script = "".join(f"for (i = 0; i<n{k}; i++) {{}}\n" for k in range(30_000))
+    page = f"<html><body><script>{script}</script><p>The page's own text.</p></body></html>".encode()
+    stored = document_ingest_upload(collection=collection, filename="app.html", data=page)
+    assert "The page's own text." in "".join(
+        Chunk.objects.filter(document=stored.document).values_list("content", flat=True)
+    )
 
 
 @pytest.mark.parametrize(
