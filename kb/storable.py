@@ -16,6 +16,17 @@ from kb.errors import ErrorCode, KBError
 MAX_NESTING = 32
 
 
+def storable_text(text: str, *, limit: int) -> str:
+    """Text from outside (a file's name, a message quoting it) as it can be stored and shown:
+    file names may hold bytes that are not UTF-8 (lone surrogates to Python), which Postgres
+    refuses, and may be very long."""
+    try:
+        data = text.encode("utf-8", "surrogateescape")  # a name's bytes again: shown as U+FFFD below
+    except UnicodeEncodeError:  # a surrogate no decoding made
+        data = text.encode("utf-8", "replace")
+    return data.decode("utf-8", "replace").replace("\x00", "\ufffd")[:limit]
+
+
 def check_storable(value: Any, *, what: str) -> None:
     problem = _problem(value, depth=0)
     if problem:

@@ -256,7 +256,7 @@ def test_refusals_are_stored_readably_whatever_their_text_holds(docs):
     ]
     ingest_refusals_record(collection=docs, items=items)
     stored = {refusal.source_uri: refusal.error for refusal in IngestRefusal.objects.all()}
-    assert stored["upload://bad\ufffdname?.json"] == "bad?"
+    assert stored["upload://bad\ufffdname\ufffd.json"] == "bad\ufffd"
     assert sorted(len(uri) for uri in stored) == [len("upload://bad?name?.json"), 2000]
 
 

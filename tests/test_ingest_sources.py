@@ -3,6 +3,7 @@
 import base64
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -11,6 +12,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
 
 from kb.errors import ErrorCode, KBError
+from kb.ingestion.sources import confine, load_file
 from kb.models import Chunk, Document, DocumentStatus, Embedding
 from kb.services.collections import collection_create
 from kb.services.ingest import ChunkInput, document_ingest, document_ingest_upload, document_store_chunks
@@ -143,6 +145,7 @@ def test_data_uris_are_decoded(collection, uri):
         ("data:text/plain;base64,not base64!", ErrorCode.INVALID_URI),
         ("data:no-comma-here", ErrorCode.INVALID_URI),
         ("gopher://example.org/file", ErrorCode.INVALID_URI),
+        ("file://[::1/tmp/a.md", ErrorCode.INVALID_URI),  # urlsplit's ValueError
         ("", ErrorCode.INVALID_URI),
         (
             "data:application/octet-stream;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(64)).decode(),
@@ -199,6 +202,66 @@ def test_a_directory_walk_refuses_links_that_escape_its_root(collection, tmp_pat
     assert [item.outcome for item in report.items] == ["failed", "created"]
     assert report.failed[0].error.code == ErrorCode.INVALID_URI
     assert Document.objects.get().title == "inside"
+
+
+def test_a_folder_swapped_for_a_link_after_the_check_is_not_followed(tmp_path):
+    # confine resolves the path and checks it; a folder on it swapped for a link to a folder
+    # outside the roots before the open (a race an attacker can win 1 time in 20) is refused.
+    root, outside = tmp_path / "data", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (root / "sub" / "note.md").write_text("# harmless\n")
+    (outside / "note.md").write_text("# secret\n")
+    checked = confine(root / "sub" / "note.md", [root])
+    (root / "sub").rename(root / "sub.real")
+    (root / "sub").symlink_to(outside)
+    with pytest.raises(KBError) as error:
+        load_file(checked)
+    assert error.value.code == ErrorCode.LOAD_FAILED
+    (root / "sub").unlink()
+    (root / "sub.real").rename(root / "sub")
+    assert load_file(checked).data == b"# harmless\n"
+
+
+def test_links_too_many_to_resolve_are_a_load_failure_of_that_file_only(collection, tmp_path):
+    # Python 3.11 resolves links recursively: a chain of 1,000 raised RecursionError (a 500).
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "end.md").write_text("# the end of the chain\n")
+    for number in range(1_000):
+        (root / f"l{number}.md").symlink_to(f"l{number + 1}.md" if number < 999 else "end.md")
+    with pytest.raises(KBError) as error:
+        ingest(collection, root / "l0.md", [root])
+    assert error.value.code == ErrorCode.LOAD_FAILED and "Cannot resolve" in error.value.message
+    report = ingest(collection, root, [root])
+    # Links far enough down the chain resolve (to end.md's one document); the rest fail alone.
+    assert report.count("created") == 1 and report.count("failed") > 0
+    assert {item.error.message.split(" of ")[0] for item in report.failed} == {"Cannot resolve the symbolic links"}
+
+
+@pytest.fixture
+def deep_folder(tmp_path) -> Iterator[Path]:
+    """A folder with a file at its top and one 1,100 folders down. Removed here, bottom up:
+    shutil.rmtree (pytest's clean-up of old temporary folders) recurses too, and fails on it."""
+    root = tmp_path / "data"
+    folders = [root]
+    for _ in range(1_100):
+        folders.append(folders[-1] / "d")
+        folders[-1].mkdir(parents=True)
+    (folders[-1] / "bottom.md").write_text("# at the bottom\n")
+    (root / "top.md").write_text("# at the top\n")
+    yield root
+    (folders[-1] / "bottom.md").unlink()
+    (root / "top.md").unlink()
+    for folder in reversed(folders):
+        folder.rmdir()
+
+
+def test_a_folder_a_thousand_levels_deep_is_walked(collection, deep_folder):
+    # os.walk recurses in Python 3.11: 1,100 levels raised RecursionError.
+    report = ingest(collection, deep_folder, [deep_folder])
+    assert sorted(Document.objects.values_list("title", flat=True)) == ["at the bottom", "at the top"]
+    assert report.failed == []
 
 
 @pytest.mark.parametrize(

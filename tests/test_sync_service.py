@@ -4,6 +4,7 @@ process, as the worker's task runs them; folders under tmp_path, URLs on a loopb
 Every sync is checked by the exact set of documents its collection holds afterwards and by the
 run's counts; the real worker is tested in test_sync_worker."""
 
+import os
 import shutil
 import threading
 import time
@@ -338,6 +339,22 @@ def test_a_url_source_whose_sitemap_cannot_be_fetched_removes_nothing(collection
     assert "sitemap" in run.error and "404" in run.error and "nothing was removed" in run.error
     assert counts(run) == expected(unchanged=1, total=1)  # the listed URL is still synced
     assert uris(collection) == {site.url("/p1"), site.url("/p2"), listed}
+
+
+def test_file_names_that_are_not_utf8_are_synced_and_reported(roots, collection):
+    # Such a name is a lone surrogate to Python, which Postgres refuses: a FIFO's failure message
+    # quoting it broke the run's next write and left it "running"; a readable one failed on its title.
+    folder = roots / "docs"
+    write(folder, "a.md")
+    os.mkfifo(os.fsencode(folder) + b"/pipe\xff.md")
+    (Path(os.fsdecode(os.fsencode(folder) + b"/plain\xfe.txt"))).write_text("Some plain text.\n")
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    run = sync(source)
+    assert run.status == SyncStatus.SUCCEEDED
+    assert counts(run) == expected(added=2, failed=1, total=3)
+    assert "pipe\ufffd.md is not a regular file" in run.failures[0]["message"]
+    titles = set(Document.objects.filter(collection=collection).values_list("title", flat=True))
+    assert titles == {"a.md", "plain\ufffd.txt"}
 
 
 # --- 5. what a source did not bring is not its to remove ---------------------------------------------

@@ -33,10 +33,13 @@ from django.conf import settings
 
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import supported_extension
+from kb.storable import storable_text
 
 if TYPE_CHECKING:
     import httpx
 
+# The longest file name (in bytes) the usual file systems allow.
+NAME_MAX = 255
 # Extension-less files worth ingesting from a directory.
 KNOWN_TEXT_FILENAMES = {"README", "LICENSE", "CHANGELOG", "Makefile", "Dockerfile", "NOTICE", "AUTHORS"}
 
@@ -72,7 +75,10 @@ def is_local_path_uri(uri: str) -> bool:
 def file_path_of(uri: str) -> Path:
     """The path a ``file://`` URI or a bare path names (not yet resolved or checked)."""
     if uri.startswith("file://"):
-        parts = urlsplit(uri)
+        try:
+            parts = urlsplit(uri)
+        except ValueError:  # "file://[::1/x": a bracket that never closes
+            raise KBError(ErrorCode.INVALID_URI, f"Not a valid file URI: {uri}") from None
         if parts.netloc not in ("", "localhost"):
             raise KBError(ErrorCode.INVALID_URI, f"file:// URIs must not name a remote host: {uri}")
         path = unquote(parts.path)
@@ -98,7 +104,7 @@ def confine(path: Path, roots: Sequence[Path]) -> Path:
             "file:// ingestion is disabled here: set KB_FILE_ROOTS to the directories it may read "
             "(or start mcp_stdio with --file-root PATH)",
         )
-    real = Path(os.path.realpath(path))
+    real = _real_path(path)
     if not any(real.is_relative_to(os.path.realpath(root)) for root in roots):
         raise KBError(ErrorCode.INVALID_URI, f"{path} is outside the directories ingestion may read (KB_FILE_ROOTS)")
     try:
@@ -110,6 +116,21 @@ def confine(path: Path, roots: Sequence[Path]) -> Path:
     return real
 
 
+def _real_path(path: Path) -> Path:
+    try:
+        return Path(os.path.realpath(path))
+    except (OSError, RecursionError):  # a link changed while it was read; a chain of a thousand links
+        raise KBError(ErrorCode.LOAD_FAILED, f"Cannot resolve the symbolic links of {path}") from None
+
+
+def resolved_uris(path: Path) -> list[str]:
+    """The URI of the file ``path`` leads to (its document's), none if its links cannot be resolved."""
+    try:
+        return [_real_path(path).as_uri()]
+    except KBError:
+        return []
+
+
 def iter_files(folder: Path, *, roots: Sequence[Path], recursive: bool) -> Iterator[LoadedSource | SkippedSource]:
     """Every supported file in ``folder`` (already confined: ``confine``), each one confined too."""
     for candidate in walk_folder(folder, recursive=recursive):
@@ -117,13 +138,36 @@ def iter_files(folder: Path, *, roots: Sequence[Path], recursive: bool) -> Itera
 
 
 def walk_folder(folder: Path, *, recursive: bool, on_error: Callable[[OSError], None] | None = None) -> Iterator[Path]:
-    """The files of ``folder`` in a stable order, hidden ones (.DS_Store, .git) left out.
-    ``on_error`` hears of every directory that could not be listed (os.walk skips it)."""
-    for directory, subdirectories, filenames in os.walk(folder, onerror=on_error):
-        subdirectories[:] = sorted(name for name in subdirectories if not name.startswith(".")) if recursive else []
-        for name in sorted(filenames):
-            if not name.startswith("."):
-                yield Path(directory) / name
+    """The files of ``folder`` in a stable order (a folder's files, then its subfolders'), hidden
+    ones (.DS_Store, .git) and links to folders left out. ``on_error`` hears of every folder that
+    could not be listed, which is skipped. A loop, not os.walk: Python 3.11's recurses, and a
+    folder 1,000 deep raised RecursionError."""
+    pending = [folder]
+    while pending:
+        directory = pending.pop()
+        try:
+            with os.scandir(directory) as listing:
+                entries = sorted((entry for entry in listing if not entry.name.startswith(".")), key=lambda e: e.name)
+        except OSError as error:
+            if on_error:
+                on_error(error)
+            continue
+        subfolders = []
+        for entry in entries:
+            if not _is_folder(entry):
+                yield Path(entry.path)
+            elif not entry.is_symlink():
+                subfolders.append(Path(entry.path))
+        if recursive:
+            pending.extend(reversed(subfolders))
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    """A folder or a link to one (as os.walk sees them: neither is a file)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def load_candidate(candidate: Path, *, roots: Sequence[Path]) -> LoadedSource | SkippedSource:
@@ -148,8 +192,7 @@ def load_file(path: Path) -> LoadedSource:
     limit = settings.KB_MAX_DOCUMENT_BYTES
     try:
         _require_regular_file(os.lstat(path), path)
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with open(descriptor, "rb") as file:
+        with open(_open_following_no_link(path), "rb") as file:
             status = os.fstat(file.fileno())
             _require_regular_file(status, path)
             _require_within_limit(status.st_size, path)
@@ -163,9 +206,30 @@ def load_file(path: Path) -> LoadedSource:
     return LoadedSource(
         source_uri=path.as_uri(),
         data=data,
-        filename=path.name,
+        filename=storable_text(path.name, limit=NAME_MAX),
         metadata={"modification_date": status.st_mtime, "creation_date": status.st_ctime},
     )
+
+
+# A folder to look up names in needs no permission to list it (Linux's O_PATH), as a path's does not.
+_FOLDER_ONLY = getattr(os, "O_PATH", os.O_RDONLY)
+
+
+def _open_following_no_link(path: Path) -> int:
+    """A descriptor of the resolved ``path``, opened one folder at a time from "/" without following
+    any symbolic link. ``confine`` checked the resolved path; a folder on it swapped for a link
+    since (to a folder outside the roots) now fails the open instead of being followed, which
+    ``O_NOFOLLOW`` alone does only for the last name."""
+    no_link = os.O_NOFOLLOW | os.O_CLOEXEC
+    folder = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in path.parts[1:-1]:
+            inner = os.open(name, _FOLDER_ONLY | os.O_DIRECTORY | no_link, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        return os.open(path.name, os.O_RDONLY | os.O_NONBLOCK | no_link, dir_fd=folder)
+    finally:
+        os.close(folder)
 
 
 def _require_regular_file(status: os.stat_result, path: Path) -> None:

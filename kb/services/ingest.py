@@ -38,7 +38,7 @@ from kb.services.documents import (
     drafts_from_chunks,
     source_lock,
 )
-from kb.storable import check_storable
+from kb.storable import check_storable, storable_text
 from kb.work_lanes import bulk_work
 
 # skipped: a file of a folder whose type is not supported; failed: refused with an error.
@@ -175,10 +175,10 @@ def ingest_refusals_record(*, collection: Collection, items: Sequence[IngestItem
     refused = [
         IngestRefusal(
             collection=collection,
-            source_uri=_shown(item.source_uri, limit=2000),
+            source_uri=storable_text(item.source_uri, limit=2000),
             skipped=item.outcome == "skipped",
             error_code=item.error.code,
-            error=_shown(item.error.message, limit=2000),
+            error=storable_text(item.error.message, limit=2000),
         )
         for item in items
         if item.error is not None
@@ -191,12 +191,6 @@ def ingest_refusals_record(*, collection: Collection, items: Sequence[IngestItem
     ]
     if oldest_kept:
         IngestRefusal.objects.filter(id__lt=oldest_kept[0]).delete()
-
-
-def _shown(text: str, *, limit: int) -> str:
-    """Text about a refused file as it can be stored and shown: names may hold NUL characters or
-    lone surrogates, which Postgres refuses, and may be very long."""
-    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")[:limit]
 
 
 def document_ingest_upload(

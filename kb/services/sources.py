@@ -15,7 +15,6 @@ and starts the syncs of sources that are due.
 
 import fnmatch
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from kb.ingestion.sources import (
     fetch_url_if_changed,
     file_path_of,
     load_candidate,
+    resolved_uris,
     walk_folder,
 )
 from kb.leases import LeaseKeeper
@@ -53,7 +53,7 @@ from kb.models import (
     is_collection_name,
 )
 from kb.services.ingest import ingest_loaded, network_file_roots
-from kb.storable import check_storable
+from kb.storable import check_storable, storable_text
 from kb.task_queue import enqueue_sync
 from kb.work_lanes import bulk_work
 
@@ -320,7 +320,8 @@ class _Progress:
     def count(self, outcome: str, uri: str = "", error: KBError | None = None) -> None:
         setattr(self.run, outcome, getattr(self.run, outcome) + 1)
         if outcome == "failed" and error is not None and len(self.run.failures) < FAILURES_KEPT:
-            self.run.failures.append({"uri": uri, "code": str(error.code), "message": error.message[:500]})
+            uri, message = storable_text(uri, limit=2000), storable_text(error.message, limit=500)
+            self.run.failures.append({"uri": uri, "code": str(error.code), "message": message})
 
     def item_done(self) -> None:
         self.run.processed += 1
@@ -457,7 +458,7 @@ def _sync_file(source: Source, path: Path, items: dict[str, SourceItem], progres
     if isinstance(loaded, SkippedSource):
         # A file that could not be read is still there: its document must not be removed.
         progress.count("skipped" if loaded.unsupported else "failed", loaded.source_uri, loaded.error)
-        return {loaded.source_uri, Path(os.path.realpath(path)).as_uri()}
+        return {loaded.source_uri, *resolved_uris(path)}
     _ingest(source, loaded, items, progress)
     return {loaded.source_uri}
 
