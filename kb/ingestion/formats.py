@@ -469,10 +469,14 @@ def _html_failure(failure: str, detail: str) -> KBError:
 # in the page.
 _HTML_VALUE = r"""(?:"[^"]*+"|'[^']*+'|[^\t\n\f\r >]++)"""
 _HTML_ATTRIBUTE = rf"[^\t\n\f\r />][^\t\n\f\r />=]*+(?:[\t\n\f\r ]*+=[\t\n\f\r ]*+{_HTML_VALUE}?)?"
-_HTML_TAG = re.compile(rf"</?[A-Za-z][^\t\n\f\r />]*+(?:[\t\n\f\r /]++|{_HTML_ATTRIBUTE})*+>?")
-_HTML_NAME = re.compile(_HTML_ATTRIBUTE)
-# Where markup may start: a comment, a doctype or other "<!" / "<?" declaration, an end tag, a start tag.
-_HTML_MARKUP = re.compile(r"<(?:!--|[!?]|/|(?=[A-Za-z]))")
+_HTML_TAG_BODY = rf"(?P<name>[A-Za-z][^\t\n\f\r />]*+)(?:[\t\n\f\r /]++|{_HTML_ATTRIBUTE})*+>?"
+_HTML_START_TAG = re.compile(rf"<{_HTML_TAG_BODY}")
+_HTML_ATTRIBUTES = re.compile(_HTML_ATTRIBUTE)
+# Text and end tags (which build nothing: "</x ...>", and "</>") are passed over inside the regex
+# engine; the group is where the next markup that builds a node starts: a comment, a doctype or
+# other "<!" / "<?" declaration, a "</" that is not an end tag (a comment to the parser), a start tag.
+_HTML_END_TAG = _HTML_TAG_BODY.replace("(?P<name>", "(?:")
+_HTML_NEXT_MARKUP = re.compile(rf"(?:[^<]++|</{_HTML_END_TAG}|</>|<(?![!?/A-Za-z]))*+(<!--|<[!?]|</|<(?=[A-Za-z]))")
 _HTML_COMMENT_END = re.compile(r"-?>|.*?--!?>", re.DOTALL)  # "<!-->" and "<!--->" end at once
 # Elements whose content is text to the parser up to their own end tag (HTML5's raw text and
 # escapable raw text, as libxml2 2.14 reads them); <plaintext> runs to the end of the page.
@@ -491,29 +495,27 @@ def _check_html_tags(html: str) -> None:
     comments (nodes of the tree, counted as elements), declarations, end tags and the text of
     scripts, styles and the like hold no elements (a "<div" inside one is not counted). Where the
     parser's reading is uncertain the count takes the reading with more elements: a script that
-    hides "</script" in an HTML comment ends later to the parser than here."""
-    elements_left, attributes_left = settings.KB_HTML_MAX_ELEMENTS, settings.KB_HTML_MAX_ATTRIBUTES
+    hides "</script" in an HTML comment ends later to the parser than here. The page reaches libxml2
+    as text, so no <meta charset> can make it read "+ADw-" as "<" (UTF-7)."""
+    # The parser adds <html>, <head> and <body> where the page leaves them out.
+    elements_left, attributes_left = settings.KB_HTML_MAX_ELEMENTS - 3, settings.KB_HTML_MAX_ATTRIBUTES
     position = 0
-    while markup := _HTML_MARKUP.search(html, position):
-        opening = markup.group()
-        tag = None if opening == "<!--" else _HTML_TAG.match(html, markup.start())
-        if (opening == "</" and tag) or html.startswith("</>", markup.start()):
-            position = tag.end() if tag else markup.start() + 3
-            continue  # end tags build nothing
+    while markup := _HTML_NEXT_MARKUP.match(html, position):
+        opening, position = markup.group(1), markup.end(1)
         elements_left -= 1  # an element, or a comment (a node of the tree too: 4 M "<!-->" made 645 MB)
         if elements_left < 0:
             raise _too_many_html_elements()
         if opening == "<!--":
-            comment_end = _HTML_COMMENT_END.match(html, markup.end())
+            comment_end = _HTML_COMMENT_END.match(html, position)
             position = comment_end.end() if comment_end else len(html)
             continue
-        if tag is None:  # "<!x", "<?x" or "</1" up to the first ">": a comment to the parser
-            declaration_end = html.find(">", markup.end())
+        if opening != "<":  # "<!x", "<?x" or "</1" up to the first ">": a comment to the parser
+            declaration_end = html.find(">", position)
             position = len(html) if declaration_end < 0 else declaration_end + 1
             continue
-        names = _HTML_NAME.finditer(html, tag.start() + 1, tag.end())
-        tag_name = next(names).group().lower()
-        attributes = list(islice(names, MAX_TAG_ATTRIBUTES + 1))
+        tag = _HTML_START_TAG.match(html, markup.start(1))
+        tag_name = tag.group("name").lower()
+        attributes = list(islice(_HTML_ATTRIBUTES.finditer(html, tag.end("name"), tag.end()), MAX_TAG_ATTRIBUTES + 1))
         if len(attributes) > MAX_TAG_ATTRIBUTES:
             raise KBError(ErrorCode.LOAD_FAILED, f"An HTML tag has more than {MAX_TAG_ATTRIBUTES} attributes")
         attributes_left -= len(attributes)

@@ -351,7 +351,7 @@ def test_the_elements_of_a_page_are_counted_as_its_parser_counts_them(settings, 
     from lxml import etree
 
     body = "".join(f"<p>Paragraph {n} of the page.</p>" + markup.format(n=n) for n in range(4))
-    page = f"<html><body>{body}</body></html>".encode()
+    page = f"<meta charset=utf-8>{body}".encode()  # the parser adds <html>, <head> and <body>
     counted_by_parser = sum(1 for _ in etree.HTML(page).iter())  # elements and comments
     settings.KB_HTML_MAX_ELEMENTS = counted_by_parser
     assert "Paragraph 3 of the page." in parse(page, content_type="html").text
@@ -408,6 +408,15 @@ def test_the_attributes_of_a_page_are_counted_as_its_parser_counts_them(settings
     settings.KB_HTML_MAX_ATTRIBUTES = counted_by_parser - 1
     with pytest.raises(KBError, match="KB_HTML_MAX_ATTRIBUTES"):
         parse(page, content_type="html")
+
+
+@pytest.mark.parametrize("opening", ['<div =" ', '<div=" '], ids=["quote after a space", "quote in the name"])
+def test_a_quote_after_the_tag_name_hides_no_attributes(collection, parsing_children, opening):
+    # Read as one quoted value, these 40,000 attributes (269 KB) were not counted: 8 s of parsing.
+    tag = opening + " ".join(f"a{n}" for n in range(40_000)) + '">'
+    page = f"<html><body><p>Some readable text.</p>{tag}more text</div></body></html>".encode()
+    assert f"more than {formats.MAX_TAG_ATTRIBUTES} attributes" in refused_upload(collection, "quoted.html", page)
+    assert parsing_children == []
 
 
 def test_an_html_page_trafilatura_would_spend_minutes_and_gigabytes_on_is_stopped_at_its_budget(collection, settings):
