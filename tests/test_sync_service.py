@@ -380,6 +380,58 @@ def test_documents_ingested_by_other_means_are_never_removed_by_a_sync(roots, co
     assert Document.objects.get(pk=note.document.pk).raw_content == "A note to keep."
 
 
+def test_links_are_judged_by_where_they_lead(roots, collection):
+    folder = roots / "docs"
+    write(folder, "a.md", "drafts/secret.md")
+    write(roots / "manual", "policy.md")
+    hand = document_ingest(collection=collection, uri=str(roots / "manual" / "policy.md"), file_roots=[roots])
+    (folder / "policy.md").symlink_to(roots / "manual" / "policy.md")  # out of the folder
+    (folder / "notes.md").symlink_to(folder / "drafts" / "secret.md")  # to an excluded file
+    source = source_create(collection=collection, name="docs", folder=str(folder), exclude=["drafts/*"])
+
+    run = sync(source)
+    assert counts(run) == expected(added=1, failed=1, total=2)
+    assert run.failures[0]["code"] == "INVALID_URI" and "outside the source's folder" in run.failures[0]["message"]
+    assert item_uris(source) == file_uris(folder, "a.md")
+    (folder / "policy.md").unlink()
+    assert counts(sync(source)) == expected(unchanged=1, total=1)
+    assert Document.objects.filter(pk=hand.documents[0].pk).exists()  # still on disk, never the source's
+
+
+def test_a_source_changed_while_it_runs_removes_nothing(roots, collection, monkeypatch):
+    from kb.services import sources
+
+    folder = roots / "docs"
+    write(folder, "a.md", "b.md")
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    sync(source)
+    (folder / "b.md").unlink()
+    other = collection_create(name="other")
+    sync_file = sources._sync_file
+
+    def moved_meanwhile(source, *args, **kwargs):
+        Source.objects.filter(pk=source.pk).update(collection=other)
+        return sync_file(source, *args, **kwargs)
+
+    monkeypatch.setattr(sources, "_sync_file", moved_meanwhile)
+    run = sync(source)
+    assert run.status == SyncStatus.FAILED and run.removed == 0
+    assert run.error == "The source was changed while it ran; nothing was removed"
+    assert uris(collection) == file_uris(folder, "a.md", "b.md")
+
+
+def test_removed_counts_the_documents_removed(roots, collection):
+    folder = roots / "docs"
+    write(folder, "a.md", "b.md")
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    sync(source)
+    Document.objects.filter(source_uri__in=file_uris(folder, "b.md")).delete()  # by hand
+    (folder / "a.md").unlink()
+    (folder / "b.md").unlink()
+    assert counts(sync(source)) == expected(removed=1)
+    assert item_uris(source) == set()
+
+
 def test_moving_a_source_to_another_collection_or_deleting_it_leaves_its_documents(roots, collection):
     folder = roots / "docs"
     write(folder, "a.md", "b.md")
@@ -681,11 +733,31 @@ def test_a_sitemap_index_is_read_up_to_its_first_twenty_sitemaps(collection, sit
         "</sitemapindex>",
     )
     source = source_create(collection=collection, name="indexed", sitemap_url=index)
-    assert counts(sync(source)) == expected(added=20, total=20)
+    run = sync(source)
+    assert counts(run) == expected(added=20, total=20)
+    assert run.error == "The sitemap index lists 25 sitemaps; only the first 20 were read; nothing was removed"
     assert uris(collection) == {site.url(f"/p{number}") for number in range(20)}
     assert sorted(path for path in site.requested if path.startswith("/sitemap-")) == sorted(
         f"/sitemap-{number}.xml" for number in range(20)
     )
+
+
+def test_a_sitemap_index_inside_a_sitemap_index_is_reported_and_nothing_is_removed(collection, site):
+    for number in range(3):
+        site.page(f"/p{number}", f"Page number {number}.")
+    first = site.sitemap("/sitemap-0.xml", ["/p0", "/p1"])
+    index = '<?xml version="1.0"?><sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{}</sitemapindex>'
+    listing = "".join(
+        f"<sitemap><loc>{url}</loc></sitemap>" for url in (first, site.sitemap("/sitemap-1.xml", ["/p2"]))
+    )
+    outer = site.raw("/index.xml", index.format(listing))
+    source = source_create(collection=collection, name="indexed", sitemap_url=outer)
+    assert counts(sync(source)) == expected(added=3, total=3)
+    nested = site.raw("/nested.xml", index.format(f"<sitemap><loc>{site.url('/sitemap-1.xml')}</loc></sitemap>"))
+    site.raw("/index.xml", index.format(f"<sitemap><loc>{first}</loc></sitemap><sitemap><loc>{nested}</loc></sitemap>"))
+    run = sync(source)
+    assert run.error == f"{nested} is a sitemap index inside a sitemap index; it was not read; nothing was removed"
+    assert uris(collection) == {site.url(f"/p{number}") for number in range(3)}
 
 
 def test_only_http_urls_are_followed(collection):

@@ -123,12 +123,12 @@ def _real_path(path: Path) -> Path:
         raise KBError(ErrorCode.LOAD_FAILED, f"Cannot resolve the symbolic links of {path}") from None
 
 
-def resolved_uris(path: Path) -> list[str]:
-    """The URI of the file ``path`` leads to (its document's), none if its links cannot be resolved."""
+def resolved_path(path: Path) -> Path | None:
+    """The file ``path`` leads to (its document's URI is this one's), None if its links cannot be resolved."""
     try:
-        return [_real_path(path).as_uri()]
+        return _real_path(path)
     except KBError:
-        return []
+        return None
 
 
 def iter_files(folder: Path, *, roots: Sequence[Path], recursive: bool) -> Iterator[LoadedSource | SkippedSource]:

@@ -36,7 +36,7 @@ from kb.ingestion.sources import (
     fetch_url_if_changed,
     file_path_of,
     load_candidate,
-    resolved_uris,
+    resolved_path,
     walk_folder,
 )
 from kb.leases import LeaseKeeper
@@ -303,6 +303,7 @@ class _Scan:
 
     candidates: list[Any]
     problems: list[str] = field(default_factory=list)
+    folder: Path | None = None  # a folder source's folder, resolved
 
     @property
     def complete(self) -> bool:
@@ -377,6 +378,9 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
     try:
         # Removal and the run's end commit together: a run given up meanwhile removes nothing.
         with transaction.atomic():
+            if gone and _scope(Source.objects.select_for_update().get(pk=run.source.pk)) != _scope(run.source):
+                run.error = "The source was changed while it ran; nothing was removed"
+                gone = []
             run.removed = _remove(run.source, gone)
             status = SyncStatus.SUCCEEDED if not run.error else SyncStatus.FAILED
             progress.write(status=status, error=run.error, finished_at=timezone.now())
@@ -384,6 +388,12 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
         return _given_up(run_id)
     run.refresh_from_db()
     return run
+
+
+def _scope(source: Source) -> tuple:
+    """What decides which documents a source's scan finds, and where they are."""
+    fields = ("collection_id", "folder", "recursive", "include", "exclude", "urls", "sitemap_url")
+    return tuple(getattr(source, name) for name in fields)
 
 
 def _renew_lease(run_id: str) -> bool:
@@ -405,23 +415,24 @@ def _sync(source: Source, progress: _Progress) -> list[str]:
     items = {item.uri: item for item in source.items.all()}
     seen: set[str] = set()
     for candidate in scan.candidates:
-        if source.kind == SourceKind.FOLDER:
-            seen.update(_sync_file(source, candidate, items, progress))
+        if scan.folder:
+            seen.update(_sync_file(source, scan.folder, candidate, items, progress))
         else:
             seen.add(_sync_url(source, candidate, items, progress))
         progress.item_done()
     if not scan.complete:
         run.error = f"{scan.problems[0]}; nothing was removed" + (
-            f" ({len(scan.problems) - 1} more problems)" if len(scan.problems) > 1 else ""
+            f" ({len(scan.problems) - 1} more)" if len(scan.problems) > 1 else ""
         )
         return []
     return [uri for uri in items if uri not in seen]
 
 
 def _remove(source: Source, gone: list[str]) -> int:
-    Document.objects.filter(collection=source.collection, source_uri__in=gone).delete()
+    """Remove what the source brought and a complete scan no longer finds; the documents removed."""
+    _, deleted = Document.objects.filter(collection=source.collection, source_uri__in=gone).delete()
     SourceItem.objects.filter(source=source, uri__in=gone).delete()
-    return len(gone)
+    return deleted.get(Document._meta.label, 0)
 
 
 def _scan_folder(source: Source) -> _Scan:
@@ -434,9 +445,16 @@ def _scan_folder(source: Source) -> _Scan:
     candidates = [
         path
         for path in walk_folder(folder, recursive=source.recursive, on_error=unreadable)
-        if _selected(path.relative_to(folder), source.include, source.exclude)
+        if _selected(_seen_from(folder, path), source.include, source.exclude)
     ]
-    return _Scan(candidates=candidates, problems=problems)
+    return _Scan(candidates=candidates, problems=problems, folder=folder)
+
+
+def _seen_from(folder: Path, path: Path) -> Path:
+    """A file's path relative to the folder, for the globs: where a link inside the folder leads
+    (the document is that file's: a link to an excluded file is excluded), else where it lies."""
+    real = resolved_path(path)
+    return (real if real and real.is_relative_to(folder) else path).relative_to(folder)
 
 
 def _selected(relative: Path, include: Sequence[str], exclude: Sequence[str]) -> bool:
@@ -452,13 +470,19 @@ def _selected(relative: Path, include: Sequence[str], exclude: Sequence[str]) ->
     return (not include or any(map(matches, include))) and not any(map(matches, exclude))
 
 
-def _sync_file(source: Source, path: Path, items: dict[str, SourceItem], progress: _Progress) -> set[str]:
-    """Ingest one file if it is new or changed; the URIs it accounts for."""
+def _sync_file(source: Source, folder: Path, path: Path, items: dict[str, SourceItem], progress: _Progress) -> set[str]:
+    """Ingest one file if it is new or changed; the URIs it accounts for. A link that leads out
+    of the folder is not the source's to follow (nor is the document of the file it leads to)."""
+    real = resolved_path(path)
+    if real and not real.is_relative_to(folder):
+        outside = KBError(ErrorCode.INVALID_URI, f"{path} is a link to a file outside the source's folder")
+        progress.count("failed", path.as_uri(), outside)
+        return {path.as_uri(), real.as_uri()}
     loaded = load_candidate(path, roots=source_file_roots())
     if isinstance(loaded, SkippedSource):
         # A file that could not be read is still there: its document must not be removed.
         progress.count("skipped" if loaded.unsupported else "failed", loaded.source_uri, loaded.error)
-        return {loaded.source_uri, *resolved_uris(path)}
+        return {loaded.source_uri, *([real.as_uri()] if real else [])}
     _ingest(source, loaded, items, progress)
     return {loaded.source_uri}
 
@@ -506,9 +530,12 @@ def _scan_urls(source: Source) -> _Scan:
     problems: list[str] = []
     if source.sitemap_url:
         try:
-            urls.extend(sitemap_urls(source.sitemap_url))
+            pages, partial = sitemap_urls(source.sitemap_url)
         except KBError as error:
             problems.append(f"The sitemap could not be read: {error.message}")
+        else:
+            urls.extend(pages)
+            problems.extend(partial)
     unique = list(dict.fromkeys(urls))
     if len(unique) > settings.KB_SOURCE_MAX_URLS:
         problems.append(f"More than {settings.KB_SOURCE_MAX_URLS} URLs (KB_SOURCE_MAX_URLS); the rest were not synced")
@@ -518,21 +545,28 @@ def _scan_urls(source: Source) -> _Scan:
 SITEMAP_NAMESPACE = "{http://www.sitemaps.org/schemas/sitemap/0.9}"
 
 
-def sitemap_urls(url: str) -> list[str]:
+def sitemap_urls(url: str) -> tuple[list[str], list[str]]:
     """The http(s) page URLs of a sitemap (``<urlset>``), or of the sitemaps a sitemap index lists
-    (the first MAX_NESTED_SITEMAPS, one level deep), at most KB_SOURCE_MAX_URLS + 1 of them.
-    Fetched with ingestion's guards; parsed without entities, DTDs or network access."""
+    (the first MAX_NESTED_SITEMAPS, one level deep), at most KB_SOURCE_MAX_URLS + 1 of them; and
+    what was left unread (a scan that left something out removes nothing). Fetched with
+    ingestion's guards; parsed without entities, DTDs or network access."""
     limit = settings.KB_SOURCE_MAX_URLS + 1
     kind, locations = _sitemap_locations(url)
     if kind != "sitemapindex":
-        return locations[:limit]
+        return locations[:limit], []
     pages: list[str] = []
+    problems = [] if len(locations) <= MAX_NESTED_SITEMAPS else [
+        f"The sitemap index lists {len(locations)} sitemaps; only the first {MAX_NESTED_SITEMAPS} were read"
+    ]  # fmt: skip
     for nested in locations[:MAX_NESTED_SITEMAPS]:
         if len(pages) >= limit:
             break
-        _nested_kind, nested_pages = _sitemap_locations(nested)
-        pages.extend(nested_pages if _nested_kind == "urlset" else [])
-    return pages[:limit]
+        nested_kind, nested_pages = _sitemap_locations(nested)
+        if nested_kind == "urlset":
+            pages.extend(nested_pages)
+        else:
+            problems.append(f"{nested} is a sitemap index inside a sitemap index; it was not read")
+    return pages[:limit], problems
 
 
 def _sitemap_locations(url: str) -> tuple[str, list[str]]:
