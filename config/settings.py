@@ -43,6 +43,7 @@ SECRET_KEY = env_optional_str("DJANGO_SECRET_KEY") or _local_secret_key()
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
+CSRF_FAILURE_VIEW = "kb.views.csrf_failure"
 
 # Where `make run` listens. Authentication is required whenever this is not a loopback address.
 KB_HOST = env_str("KB_HOST", "127.0.0.1")

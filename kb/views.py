@@ -1,6 +1,7 @@
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
-from django.views import defaults
+from django.views import csrf, defaults
+from django.views.decorators.csrf import csrf_exempt
 
 from kb.api.auth import sees_health_details
 from kb.errors import ErrorCode, KBError
@@ -48,6 +49,16 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
     return JsonResponse(error.as_dict(), status=400)
 
 
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """CSRF_FAILURE_VIEW: the API's JSON shape under /api/ (django-ninja's own pages, /api/docs and
+    /api/openapi.json, are not exempt: a PUT to them was Django's HTML page), Django's page elsewhere."""
+    if not request.path_info.startswith("/api/"):
+        return csrf.csrf_failure(request, reason)
+    error = KBError(ErrorCode.PERMISSION_DENIED, f"Cross-site request refused ({reason or 'CSRF'})")
+    return JsonResponse(error.as_dict(), status=error.http_status)
+
+
+@csrf_exempt  # a POST to a mistyped path gets this answer, not a CSRF refusal
 def api_not_found(request: HttpRequest, rest: str) -> JsonResponse:
     """Scripts get the API's JSON error shape for a mistyped path, not Django's HTML page."""
     error = KBError(ErrorCode.NOT_FOUND, f"No API endpoint at {request.path}; the endpoints are listed at /api/docs")

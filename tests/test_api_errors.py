@@ -3,9 +3,10 @@
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
+from django.test import Client
 
 from kb.errors import HTTP_STATUS, ErrorCode, KBError
-from kb.models import Collection
+from kb.models import Collection, Document
 from kb.services.collections import collection_create
 from kb.services.uploads import document_ingest_uploads
 from tests.support.api_helpers import error_of, post
@@ -36,6 +37,27 @@ def test_a_path_that_names_no_endpoint_is_a_json_404(client, path):
     response = client.get(path)
     assert response["Content-Type"] == "application/json"
     assert error_of(response) == (404, "NOT_FOUND")
+
+
+@pytest.mark.parametrize("method", ["post", "put", "delete"])
+@pytest.mark.parametrize("path", ["/api/nothing-here", "/api/collections/c%2Fa", "/api/%0A"])
+def test_a_write_to_a_path_that_names_no_endpoint_is_a_json_404(method, path):
+    # With CSRF checked, as a browser's request is: Django's HTML 403 page had answered it.
+    response = getattr(Client(enforce_csrf_checks=True), method)(path)
+    assert response["Content-Type"] == "application/json"
+    assert error_of(response) == (404, "NOT_FOUND")
+
+
+@pytest.mark.parametrize("path", ["/api/openapi.json", "/api/docs"])
+def test_a_write_to_the_api_s_own_pages_is_refused_in_json(path):
+    response = Client(enforce_csrf_checks=True).put(path)
+    assert response["Content-Type"] == "application/json"
+    assert error_of(response) == (403, "PERMISSION_DENIED")
+
+
+def test_a_refused_cross_site_form_elsewhere_keeps_django_s_page():
+    response = Client(enforce_csrf_checks=True).post("/admin/login/", {"username": "x"})
+    assert response.status_code == 403 and response["Content-Type"].startswith("text/html")
 
 
 @pytest.mark.parametrize(
@@ -95,8 +117,11 @@ def test_too_many_files_in_one_upload_is_400(client, settings):
     assert error_of(client.post("/api/collections/docs/uploads", {"files": files})) == (400, "INVALID_ARGUMENT")
 
 
-def test_an_escaped_nul_in_upload_metadata_is_400(client):
+@pytest.mark.parametrize("files", [1, 2])
+def test_an_escaped_nul_in_upload_metadata_is_400(client, files):
+    # The request's metadata, refused once: with two files it had been a 200 with both failed.
     collection_create(name="docs")
-    note = SimpleUploadedFile("note.txt", b"text")
-    response = client.post("/api/collections/docs/uploads", {"files": [note], "metadata": '{"k": "\\u0000"}'})
+    notes = [SimpleUploadedFile(f"note{n}.txt", b"text") for n in range(files)]
+    response = client.post("/api/collections/docs/uploads", {"files": notes, "metadata": '{"k": "\\u0000"}'})
     assert error_of(response) == (400, "INVALID_ARGUMENT")
+    assert not Document.objects.exists()

@@ -76,6 +76,17 @@ def test_deleting_a_collection_removes_everything_in_it(db):
     assert Chunk.objects.filter(document=kept).count() == kept.chunk_count
 
 
+def test_a_write_into_a_collection_deleted_meanwhile_is_collection_not_found(db):
+    # The caller found the collection, then it was deleted before the write: the foreign key
+    # (checked at commit) had made this a database error, a 500 at every door.
+    collection = collection_create(name="going")
+    collection_delete(name="going", confirm=True)
+    with pytest.raises(KBError) as error:
+        document_create_from_text(collection=collection, source_uri="note://late", text="Too late.")
+    assert error.value.code == ErrorCode.COLLECTION_NOT_FOUND
+    assert not Document.objects.exists()
+
+
 def test_an_unknown_document_is_document_not_found(db):
     with pytest.raises(KBError) as error:
         document_delete(doc_id="01HRE4KXQN8Z3J2X5Y7A9B4C6D")

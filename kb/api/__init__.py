@@ -8,7 +8,7 @@ from ninja import NinjaAPI
 from ninja.operation import Operation
 
 from kb.api import collections, documents, search, sources
-from kb.api.auth import BearerToken
+from kb.api.auth import BearerToken, JsonBodies
 from kb.api.errors import install_error_handlers
 
 
@@ -29,6 +29,7 @@ api = KnowledgeBaseAPI(
     ),
     urls_namespace="api",
     auth=BearerToken(),
+    parser=JsonBodies(),
 )
 install_error_handlers(api)
 api.add_router("/collections", collections.router)

@@ -3,15 +3,31 @@
 from typing import Any
 
 from django.http import HttpRequest
+from ninja.parser import Parser
 from ninja.security import HttpBearer
+from ninja.types import DictStrAny
 
 from kb.access import Access, request_access
 from kb.errors import ErrorCode, KBError
 from kb.models import TokenScope
 
-# Bodies a page on another site can send without asking first (text/plain, form-urlencoded) are
-# never accepted: JSON comes as application/json, files as multipart/form-data.
-BODY_TYPES = ("application/json", "multipart/form-data")
+# Bodies a page on another site can send without asking first (text/plain, form-urlencoded,
+# multipart/form-data) are never read as JSON: JSON comes as application/json (JsonBodies), files as
+# multipart/form-data.
+JSON_BODY = "application/json"
+BODY_TYPES = (JSON_BODY, "multipart/form-data")
+
+
+class JsonBodies(Parser):
+    """A JSON body is read only when it says it is one (multipart/form-data was read as JSON too)."""
+
+    def parse_body(self, request: HttpRequest) -> DictStrAny:
+        if (request.content_type or "").lower() != JSON_BODY:
+            raise KBError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"This endpoint takes a JSON body: send it as {JSON_BODY}, not {request.content_type!r}",
+            )
+        return super().parse_body(request)
 
 
 def access_of_request(request: HttpRequest) -> Access:

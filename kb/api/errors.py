@@ -74,6 +74,8 @@ def _http_error_handler(api: NinjaAPI) -> Callable[[HttpRequest, Exception], Htt
 
     def respond(request: HttpRequest, exc: Exception) -> HttpResponse:
         assert isinstance(exc, HttpError)
+        if isinstance(exc.__cause__, KBError):  # our parser's refusal, which django-ninja wraps
+            return api.create_response(request, exc.__cause__.as_dict(), status=exc.__cause__.http_status)
         code = codes.get(exc.status_code, ErrorCode.INVALID_ARGUMENT)
         return api.create_response(request, KBError(code, str(exc)).as_dict(), status=exc.status_code)
 

@@ -145,11 +145,18 @@ def source_lock(*, collection: Collection, source_uri: str) -> None:
     chunks into the stored ones (document_store_chunks) must read them under the same lock it
     writes under, or two concurrent batches each keep only their own chunks. The lock is held
     per (collection, source URI); a hash collision only makes two writers wait for each other.
+
+    The collection's row is held too (FOR KEY SHARE): a deletion under way finishes first and the
+    write is COLLECTION_NOT_FOUND, or waits for the write and takes its document with it; without
+    it, a write racing a deletion ended in a foreign-key violation (a 500).
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("source_lock() needs a transaction")
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"{collection.pk}:{source_uri}"])
+        cursor.execute("SELECT 1 FROM kb_collection WHERE id = %s FOR KEY SHARE", [collection.pk])
+        if cursor.fetchone() is None:
+            raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}")
 
 
 def _chunk(document: Document, collection: Collection, draft: ChunkDraft) -> Chunk:

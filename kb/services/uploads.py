@@ -14,6 +14,7 @@ from kb.services.ingest import (
     ingest_item,
     ingest_refusals_record,
 )
+from kb.storable import check_storable
 
 
 def document_ingest_uploads(
@@ -25,6 +26,7 @@ def document_ingest_uploads(
 ) -> IngestReport:
     """Ingest every uploaded file (named by its ``name``). A single file raises its error; with
     several, each failure is reported."""
+    check_storable(metadata, what="metadata")  # the request's, not a file's: refused once, as with one file
     report = IngestReport()
     for upload in uploads:
         filename = upload.name or ""

@@ -103,7 +103,13 @@ def test_it_refuses_a_cross_site_write_even_with_a_token(client):
 def test_it_takes_json_bodies_only_as_application_json(client):
     collection_create(name="t3")
     before = counts()
-    for content_type in ("text/plain", "application/x-www-form-urlencoded", "text/plain;charset=UTF-8"):
+    for content_type in (
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "text/plain;charset=UTF-8",
+        "multipart/form-data",  # had been read as JSON
+        "multipart/form-data; boundary=x",
+    ):
         response = client.post(
             "/api/collections/t3/documents",
             content=json.dumps({"uri": PLANTED}),
