@@ -252,6 +252,11 @@ KB_MAX_DOCUMENT_BYTES = env_int("KB_MAX_DOCUMENT_BYTES", 50 * 1024 * 1024, minim
 # Longest text one document may have, whatever its format (what chunking, the postings and the
 # web process's memory grow with: 4 million characters take about 6 s and +40 MB).
 KB_MAX_TEXT_CHARS = env_int("KB_MAX_TEXT_CHARS", 5_000_000, minimum=1_000)
+# A caller's metadata for a document or a chunk, as compact JSON, and a collection's description:
+# every search hit and listing carries them (one 2 MB metadata had emptied MCP searches of every
+# collection, cut to fit MCP_MAX_RESPONSE_CHARS).
+KB_MAX_METADATA_CHARS = env_int("KB_MAX_METADATA_CHARS", 10_000, minimum=100)
+KB_MAX_DESCRIPTION_CHARS = env_int("KB_MAX_DESCRIPTION_CHARS", 2_000, minimum=100)
 
 # Parsing budgets (kb.ingestion.formats): what one document may cost to parse, whatever its size on
 # disk. A document over a budget is refused with LOAD_FAILED naming the setting. The text extracted

@@ -13,7 +13,7 @@ urlpatterns = [
     path("health/ready", views.readiness, name="readiness"),
     path("api/", views.api_not_found, {"rest": ""}),  # before django-ninja's root, an HTML 404
     path("api/", api.urls),
-    re_path(r"(?s)^api/(?P<rest>.*)$", views.api_not_found),  # (?s): "%0A" in a path too
+    re_path(r"^api/(?P<rest>[\s\S]*)$", views.api_not_found),  # [\s\S]: "%0A" in a path too
 ]
 
 # A request Django itself refuses (a malformed multipart body, a header past its limits) gets the

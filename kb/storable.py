@@ -8,6 +8,7 @@ the REST API, MCP and the admin give the same INVALID_ARGUMENT to the same input
 database error.
 """
 
+import json
 import math
 from typing import Any
 
@@ -25,6 +26,15 @@ def storable_text(text: str, *, limit: int) -> str:
     except UnicodeEncodeError:  # a surrogate no decoding made
         data = text.encode("utf-8", "replace")
     return data.decode("utf-8", "replace").replace("\x00", "\ufffd")[:limit]
+
+
+def check_json_size(value: Any, *, what: str, limit: int, setting: str) -> None:
+    """``value`` (already storable: check_storable) is at most ``limit`` characters as compact JSON."""
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    if size > limit:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT, f"{what} is {size} characters as JSON; the limit is {limit} ({setting})"
+        )
 
 
 def check_storable(value: Any, *, what: str) -> None:

@@ -64,3 +64,17 @@ def test_a_provider_switch_that_keeps_another_providers_default_takes_its_own(db
     assert unnamed.embedding_model.name == "text-embedding-3-small"
     named = collection_create(name="named", embedding_provider="ollama", embedding_model="mxbai-embed-large")
     assert named.embedding_model.name == "mxbai-embed-large"
+
+
+def test_a_description_longer_than_the_limit_is_refused(db, settings):
+    # Every listing carries every description: 3 MB ones made a listing 30 MB.
+    settings.KB_MAX_DESCRIPTION_CHARS = 100
+    with pytest.raises(KBError) as created:
+        collection_create(name="long", description="d" * 101)
+    assert created.value.code == ErrorCode.INVALID_ARGUMENT and "KB_MAX_DESCRIPTION_CHARS" in created.value.message
+    collection = collection_create(name="short", description="d" * 100)
+    with pytest.raises(KBError) as updated:
+        collection_update(collection=collection, description="d" * 101)
+    assert updated.value.code == ErrorCode.INVALID_ARGUMENT
+    assert Collection.objects.get(name="short").description == "d" * 100
+    assert not Collection.objects.filter(name="long").exists()

@@ -382,3 +382,23 @@ def test_two_concurrent_ingests_of_one_source_end_in_one_document(transactional_
     assert Document.objects.count() == 1
     assert Chunk.objects.count() == Document.objects.get().chunk_count
     assert not Embedding.objects.exists()
+
+
+@pytest.mark.parametrize("where", ["document", "chunk"])
+def test_metadata_longer_than_the_limit_is_refused(collection, settings, where):
+    # Every search hit carries its metadata: one document's 2 MB had emptied MCP searches of every collection.
+    settings.KB_MAX_METADATA_CHARS = 200
+    big = {"notes": "n" * 300}
+    with pytest.raises(KBError) as error:
+        document_store_chunks(
+            collection=collection,
+            source_uri="paper.pdf",
+            chunks=[ChunkInput(index=0, text="First paragraph.", metadata=big if where == "chunk" else {})],
+            metadata=big if where == "document" else None,
+        )
+    assert error.value.code == ErrorCode.INVALID_ARGUMENT and "KB_MAX_METADATA_CHARS" in error.value.message
+    with pytest.raises(KBError):
+        ingest(collection, "data:,some text", [], metadata=big)
+    assert not Document.objects.exists()
+    ingest(collection, "data:,some text", [], metadata={"notes": "n" * 150})
+    assert Document.objects.count() == 1

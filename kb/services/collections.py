@@ -52,6 +52,16 @@ def validate_chunk_settings(*, max_tokens: int, min_tokens: int, overlap_tokens:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "overlap_tokens must be at least 0 and below half of max_tokens")
 
 
+def validate_description(description: str) -> None:
+    check_storable(description, what="description")
+    if len(description) > settings.KB_MAX_DESCRIPTION_CHARS:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"The description has {len(description)} characters; the limit is "
+            f"{settings.KB_MAX_DESCRIPTION_CHARS} (KB_MAX_DESCRIPTION_CHARS)",
+        )
+
+
 def validate_semantic_weight(weight: float | None) -> float | None:
     if weight is not None and not 0.0 <= weight <= 1.0:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "semantic_weight must be between 0.0 and 1.0")
@@ -74,7 +84,7 @@ def collection_create(
     """A new collection. Its model: the one named (a blank name is the provider's default, a
     provider left out the server's), else the server's default; checked before it is accepted."""
     validate_collection_name(name)
-    check_storable(description, what="description")
+    validate_description(description)
     validate_chunk_settings(
         max_tokens=chunk_max_tokens, min_tokens=chunk_min_tokens, overlap_tokens=chunk_overlap_tokens
     )
@@ -135,7 +145,7 @@ def collection_update(
     Only the settings given are written, to the row as it is now (locked): a concurrent change
     of other fields (a model switch finishing in the worker, another curator's edit) is kept."""
     if description is not None:
-        check_storable(description, what="description")
+        validate_description(description)
     validate_semantic_weight(semantic_weight)
     validate_top_k(search_top_k, name="search_top_k")
     changes: dict[str, object] = {

@@ -19,7 +19,7 @@ from kb.errors import ErrorCode, KBError
 from kb.ingestion.chunking import ChunkDraft, ChunkSettings, chunk_text, content_hash, count_tokens
 from kb.ingestion.formats import ParsedDocument, validate_content_type
 from kb.models import Chunk, Collection, Document, DocumentStatus
-from kb.storable import check_storable
+from kb.storable import check_json_size, check_storable
 from kb.task_queue import enqueue_embedding
 from kb.work_lanes import is_interactive
 
@@ -74,6 +74,17 @@ def document_create_from_text(
     )
 
 
+def check_metadata(metadata: Any, *, what: str = "metadata") -> None:
+    """A caller's metadata for a document or a chunk: a JSON object Postgres can store, at most
+    KB_MAX_METADATA_CHARS as JSON (every search hit carries it)."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"{what} must be a JSON object")
+    check_storable(metadata, what=what)
+    check_json_size(metadata, what=what, limit=settings.KB_MAX_METADATA_CHARS, setting="KB_MAX_METADATA_CHARS")
+
+
 def document_save(
     *,
     collection: Collection,
@@ -91,7 +102,8 @@ def document_save(
     text is chunked with the collection's settings here, before any lock is taken.
     """
     _validate_source_uri(source_uri)
-    check_storable([parsed.title, metadata], what="title and metadata")
+    check_storable(parsed.title, what="title")
+    check_metadata(metadata)
     if drafts is None:
         drafts = chunk_text(
             parsed.text, content_type=parsed.content_type, settings=chunk_settings_of(collection), pages=parsed.pages

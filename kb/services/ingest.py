@@ -33,6 +33,7 @@ from kb.selectors.documents import document_get
 from kb.services.collections import collection_get_or_create
 from kb.services.documents import (
     StoredDocument,
+    check_metadata,
     document_keep_if_unchanged,
     document_save,
     drafts_from_chunks,
@@ -119,7 +120,7 @@ def document_ingest(
 ) -> IngestReport:
     """Ingest what ``uri`` names. A single source raises its error; a directory reports each file."""
     uri = (uri or "").strip()
-    _check_metadata(metadata)
+    check_metadata(metadata)
     options = {"content_type": content_type, "metadata": metadata, "title": title, "force": force}
     if uri.startswith("data:"):
         sources: Iterable[LoadedSource | SkippedSource] = [load_data_uri(uri)]
@@ -214,7 +215,7 @@ def document_ingest_upload(
             ErrorCode.LOAD_FAILED,
             f"{name} is {size} bytes; the limit is {settings.KB_MAX_DOCUMENT_BYTES} (KB_MAX_DOCUMENT_BYTES)",
         )
-    _check_metadata(metadata)
+    check_metadata(metadata)
     content = data if isinstance(data, bytes) else data.read()
     source = LoadedSource(source_uri=f"upload://{name}", data=content, filename=name)
     return ingest_loaded(collection=collection, source=source, content_type=content_type, metadata=metadata)
@@ -272,8 +273,10 @@ def document_store_chunks(
             raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk {chunk.index} has no text")
         if chunk.index < 0:
             raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk index {chunk.index} is negative")
-    _check_metadata(metadata)
+    check_metadata(metadata)
     check_storable([[chunk.text, chunk.metadata, chunk.index] for chunk in chunks], what="chunks")
+    for chunk in chunks:
+        check_metadata(chunk.metadata, what=f"chunk {chunk.index}'s metadata")
     with transaction.atomic():
         source_lock(collection=collection, source_uri=source_uri)
         stored = Document.objects.filter(collection=collection, source_uri=source_uri).first()
@@ -364,8 +367,3 @@ def ingest_item(stored: StoredDocument) -> IngestItem:
         document=stored.document,
         chunks_reused=stored.chunks_reused,
     )
-
-
-def _check_metadata(metadata: Any) -> None:
-    if metadata is not None and not isinstance(metadata, dict):
-        raise KBError(ErrorCode.INVALID_ARGUMENT, "metadata must be a JSON object")

@@ -7,6 +7,7 @@ from django.core.files import File
 
 from kb.errors import ErrorCode, KBError
 from kb.models import Collection
+from kb.services.documents import check_metadata
 from kb.services.ingest import (
     IngestItem,
     IngestReport,
@@ -14,7 +15,6 @@ from kb.services.ingest import (
     ingest_item,
     ingest_refusals_record,
 )
-from kb.storable import check_storable
 
 
 def document_ingest_uploads(
@@ -26,7 +26,7 @@ def document_ingest_uploads(
 ) -> IngestReport:
     """Ingest every uploaded file (named by its ``name``). A single file raises its error; with
     several, each failure is reported."""
-    check_storable(metadata, what="metadata")  # the request's, not a file's: refused once, as with one file
+    check_metadata(metadata)  # the request's, not a file's: refused once, as with one file
     report = IngestReport()
     for upload in uploads:
         filename = upload.name or ""
