@@ -696,6 +696,10 @@ def test_a_folder_outside_the_roots_or_without_roots_is_refused(collection, sett
         {"urls": ["http://127.0.0.1:9/page"]},
         {"sitemap_url": "http://127.0.0.1:9/sitemap.xml"},
         {"urls": ["http://[::1]/"]},
+        {"urls": ["http://2130706433/"]},  # forms of 127.0.0.1 the resolver takes too
+        {"urls": ["http://127.1/"]},
+        {"sitemap_url": "http://0x7f000001/sitemap.xml"},
+        {"urls": ["http://0177.0.0.1/"]},
     ],
 )
 def test_a_url_source_on_a_private_address_is_refused_unless_allowed(collection, settings, fields):

@@ -345,13 +345,26 @@ def check_url(url: str) -> None:
     try:
         address = ipaddress.ip_address(literal)
     except ValueError:
-        return
+        address = _legacy_ipv4(literal)
+        if address is None:
+            return
     if not _address_allowed(host, address):
         raise KBError(
             ErrorCode.INVALID_URI,
             f"{host} is not a public address; refusing to fetch it "
             "(allow intranet hosts with KB_FETCH_ALLOWED_PRIVATE_HOSTS)",
         )
+
+
+def _legacy_ipv4(name: str) -> ipaddress.IPv4Address | None:
+    """The address of an IPv4 literal in a form ip_address refuses but the resolver takes:
+    127.1, 2130706433, 0x7f000001, 0177.0.0.1."""
+    if not re.fullmatch(r"[0-9a-fx.]+", name):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(name))
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
