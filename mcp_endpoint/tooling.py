@@ -86,8 +86,10 @@ def _call_as(caller: Caller | None, fn: Callable[P, R], *args: P.args, **kwargs:
         with calling_as(caller):
             return fn(*args, **kwargs)
     except DatabaseError as exc:
-        logger.exception("Database error in an MCP tool")
-        raise database_error(exc) from exc
+        error = database_error(exc)
+        if error.code == ErrorCode.DATABASE_ERROR:  # not a caller's NUL character, which is theirs to fix
+            logger.exception("Database error in an MCP tool")
+        raise error from exc
 
 
 async def in_thread(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:

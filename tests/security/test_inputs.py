@@ -5,6 +5,7 @@ that point at server folders, dates no calendar holds."""
 
 import importlib.util
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -118,12 +119,13 @@ NUL_LOOKUPS = {
 
 
 @pytest.mark.parametrize("tool", sorted(NUL_LOOKUPS))
-def test_a_nul_in_an_id_or_a_collection_name_is_invalid_argument_not_a_database_error(client, tool):
+def test_a_nul_in_an_id_or_a_collection_name_is_invalid_argument_not_a_database_error(client, tool, caplog):
     collection_create(name="c")
     before = counts()
     mcp = error_of(call(CANONICAL, tool, NUL_LOOKUPS[tool]))
     assert mcp == {"code": "INVALID_ARGUMENT", "message": "Text values cannot contain NUL (0x00) characters"}
     assert counts() == before
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]  # the caller's mistake
 
 
 def test_a_nul_in_a_rest_path_is_invalid_argument(client):
