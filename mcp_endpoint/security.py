@@ -4,16 +4,20 @@ address). The request's access is what its tools see (mcp_endpoint.caller); a to
 the SDK's authenticated user, so a session can only be used with the credential that opened it."""
 
 import functools
+from typing import Any
 
+from django.conf import settings
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
+from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kb.access import Access, host_allowed, request_access
 from kb.errors import ErrorCode, KBError
 from mcp_endpoint.caller import Caller, calling_as
+from mcp_endpoint.sessions import SessionQuota, caller_key
 from mcp_endpoint.tooling import in_thread
 
 
@@ -48,6 +52,7 @@ class MCPGuard:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self.sessions = SessionQuota(settings.MCP_MAX_SESSIONS_PER_CALLER)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -64,5 +69,53 @@ class MCPGuard:
             return
         if user := token_user(access):
             scope["user"] = user
+        client = scope.get("client")
+        caller = caller_key(access, client[0] if client else None)
         with calling_as(Caller(access=access)):
-            await self.app(scope, receive, send)
+            await self._counted(caller, scope, receive, send, headers.get("mcp-session-id"))
+
+    async def _counted(self, caller: str, scope: Scope, receive: Receive, send: Send, session_id: str | None) -> None:
+        """Serve the request, keeping count of the caller's open sessions (mcp_endpoint.sessions)."""
+        method, path = scope["method"], scope["path"]
+        opens_stream = method == "GET" and path.endswith("/sse")
+        opens_session = method == "POST" and path.endswith("/mcp") and session_id is None
+        if (opens_stream or opens_session) and not self.sessions.admits(caller):
+            await too_many_sessions(self.sessions.limit)(scope, receive, send)
+            return
+        if opens_stream:
+            with self.sessions.stream(caller):
+                await self.app(scope, receive, send)
+            return
+        answer: dict[str, Any] = {}
+
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                answer["status"] = message["status"]
+                answer["session_id"] = Headers(raw=message["headers"]).get("mcp-session-id")
+            await send(message)
+
+        await self.app(scope, receive, watched)
+        if session_id is None:
+            session_id = answer.get("session_id") if answer.get("status") == 200 else None
+        if session_id is None:
+            return
+        if method == "DELETE" and answer.get("status") in (200, 204):
+            self.sessions.closed(caller, session_id)
+        else:
+            self.sessions.seen(caller, session_id)
+
+
+def too_many_sessions(limit: int) -> Response:
+    """The SDK's own answer to its overall limit (a JSON-RPC error), with 429 for one caller's."""
+    error = JSONRPCError(
+        jsonrpc="2.0",
+        id=None,
+        error=ErrorData(
+            code=INTERNAL_ERROR,
+            message=f"This caller has {limit} MCP sessions open (MCP_MAX_SESSIONS_PER_CALLER): "
+            "close some (DELETE the session, or end its SSE stream) or let them idle out",
+        ),
+    )
+    return Response(
+        error.model_dump_json(by_alias=True, exclude_unset=True), status_code=429, media_type="application/json"
+    )

@@ -1,0 +1,57 @@
+"""How many MCP sessions one caller may hold open at once (MCP_MAX_SESSIONS_PER_CALLER).
+
+The SDK caps sessions only in all (10,000 Streamable HTTP sessions per server, each kept until
+it has been idle 30 minutes; SSE streams not at all), so one token that opened 10,000 and left
+them locked every other client out of new sessions for half an hour. A caller is its token, or
+its address when it has none. Streamable HTTP sessions are counted from the answer that opens
+one (its Mcp-Session-Id) until it is deleted or has been idle as long as the SDK keeps it; SSE
+sessions while their stream is open.
+"""
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+from mcp.server.streamable_http_manager import DEFAULT_SESSION_IDLE_TIMEOUT
+
+from kb.access import Access
+
+
+def caller_key(access: Access, client_address: str | None) -> str:
+    return f"token {access.token.pk}" if access.token is not None else f"address {client_address}"
+
+
+class SessionQuota:
+    def __init__(self, limit: int, idle_seconds: float = DEFAULT_SESSION_IDLE_TIMEOUT) -> None:
+        self.limit = limit
+        self.idle_seconds = idle_seconds
+        self._sessions: dict[str, dict[str, float]] = {}  # caller -> session id -> last seen
+        self._streams: Counter[str] = Counter()
+
+    def admits(self, caller: str) -> bool:
+        """Whether ``caller`` may open one more session."""
+        return self.open_sessions(caller) < self.limit
+
+    def open_sessions(self, caller: str) -> int:
+        sessions = self._sessions.get(caller, {})
+        expired = time.monotonic() - self.idle_seconds
+        for session_id in [key for key, seen in sessions.items() if seen < expired]:
+            del sessions[session_id]
+        return len(sessions) + self._streams[caller]
+
+    def seen(self, caller: str, session_id: str) -> None:
+        """A request of this Streamable HTTP session (or the answer that opened it) just ended."""
+        self._sessions.setdefault(caller, {})[session_id] = time.monotonic()
+
+    def closed(self, caller: str, session_id: str) -> None:
+        self._sessions.get(caller, {}).pop(session_id, None)
+
+    @contextlib.contextmanager
+    def stream(self, caller: str) -> Iterator[None]:
+        """An SSE session, open for as long as its stream is."""
+        self._streams[caller] += 1
+        try:
+            yield
+        finally:
+            self._streams[caller] -= 1

@@ -1,0 +1,76 @@
+"""One caller cannot hold every MCP session (MCP_MAX_SESSIONS_PER_CALLER), on a real server: an
+attack helper's one token had opened 10,000 Streamable HTTP sessions and left every other client
+with 503 for the SDK's 30 idle minutes."""
+
+import httpx
+import pytest
+
+from kb.services.tokens import token_create
+from tests.support.mcp_client import committed_db
+from tests.support.mcp_server import uvicorn_server
+
+pytestmark = [committed_db]
+
+LIMIT = 3
+INITIALIZE = {
+    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}  # fmt: skip
+STREAMABLE = {"Accept": "application/json, text/event-stream"}
+
+
+@pytest.fixture(scope="module")
+def server_url(django_db_setup, tmp_path_factory):
+    with uvicorn_server(tmp_path_factory.mktemp("uvicorn"), {"MCP_MAX_SESSIONS_PER_CALLER": str(LIMIT)}) as url:
+        yield url
+
+
+def opened(client: httpx.Client, headers: dict[str, str] | None = None) -> httpx.Response:
+    return client.post("/mcp", json=INITIALIZE, headers=headers)
+
+
+def test_a_caller_at_its_limit_is_refused_new_sessions_and_others_are_not(server_url):
+    _, raw = token_create(name="hoarder", scope="read")
+    hoarder = {"Authorization": f"Bearer {raw}"}
+    with httpx.Client(base_url=server_url, timeout=10, headers=STREAMABLE) as client:
+        sessions = [opened(client, hoarder).headers["mcp-session-id"] for _ in range(LIMIT)]
+        refused = opened(client, hoarder)
+        assert refused.status_code == 429
+        assert "MCP_MAX_SESSIONS_PER_CALLER" in refused.json()["error"]["message"]
+        with client.stream("GET", "/sse", headers=hoarder) as stream:  # an SSE session counts too
+            assert stream.status_code == 429
+        assert opened(client).status_code == 200  # another caller (here: no token, an address)
+        session = {**hoarder, "Mcp-Session-Id": sessions[0]}
+        assert client.delete("/mcp", headers=session).status_code == 200  # one closed: one more may open
+        assert opened(client, hoarder).status_code == 200
+        assert opened(client, hoarder).status_code == 429
+
+
+def test_open_sse_streams_count_until_they_close(server_url):
+    with httpx.Client(base_url=server_url, timeout=10) as client:
+        _, raw = token_create(name="streams", scope="read")
+        streams = {"Authorization": f"Bearer {raw}"}
+        contexts = [client.stream("GET", "/sse", headers=streams) for _ in range(LIMIT)]
+        responses = [context.__enter__() for context in contexts]
+        assert [response.status_code for response in responses] == [200] * LIMIT
+        with client.stream("GET", "/sse", headers=streams) as refused:
+            assert refused.status_code == 429
+        for context in contexts:
+            context.__exit__(None, None, None)
+
+
+def test_a_session_idle_as_long_as_the_sdk_keeps_one_no_longer_counts(monkeypatch):
+    from mcp_endpoint import sessions
+
+    now = [1000.0]
+    monkeypatch.setattr(sessions.time, "monotonic", lambda: now[0])
+    quota = sessions.SessionQuota(limit=1, idle_seconds=1800)
+    quota.seen("token 1", "a")
+    assert not quota.admits("token 1") and quota.admits("token 2")
+    now[0] += 1799
+    assert not quota.admits("token 1")
+    quota.seen("token 1", "a")  # used again: idle from now
+    now[0] += 1799
+    assert not quota.admits("token 1")
+    now[0] += 2
+    assert quota.admits("token 1")
