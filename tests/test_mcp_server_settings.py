@@ -7,16 +7,11 @@ import httpx
 import pytest
 
 from tests.support.mcp_client import committed_db, http_session, sse_session, structured, tool_threads  # noqa: F401
-from tests.support.mcp_server import uvicorn_server
+from tests.support.mcp_server import INITIALIZE, STREAMABLE, uvicorn_server
 
 pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
 
 SETTINGS = {"MCP_DEFAULT_PROFILE": "scirag", "MCP_READ_ONLY": "1", "MCP_STATELESS_HTTP": "1"}
-INITIALIZE = {
-    "jsonrpc": "2.0", "id": 1, "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
-}  # fmt: skip
-STREAMABLE = {"Accept": "application/json, text/event-stream"}
 
 
 @pytest.fixture(scope="module")

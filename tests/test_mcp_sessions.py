@@ -7,16 +7,11 @@ import pytest
 
 from kb.services.tokens import token_create
 from tests.support.mcp_client import committed_db
-from tests.support.mcp_server import uvicorn_server
+from tests.support.mcp_server import INITIALIZE, STREAMABLE, uvicorn_server
 
 pytestmark = [committed_db]
 
 LIMIT = 3
-INITIALIZE = {
-    "jsonrpc": "2.0", "id": 1, "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
-}  # fmt: skip
-STREAMABLE = {"Accept": "application/json, text/event-stream"}
 
 
 @pytest.fixture(scope="module")

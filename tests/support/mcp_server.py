@@ -20,6 +20,12 @@ from tests.support.fake_providers import fake_ollama
 from tests.support.worker import embed_pending
 
 FAKE_MODEL = "fake-embed"
+# A raw Streamable HTTP session's opening request, and the Accept header it needs.
+INITIALIZE = {
+    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}  # fmt: skip
+STREAMABLE = {"Accept": "application/json, text/event-stream"}
 
 
 @contextmanager
