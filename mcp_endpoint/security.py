@@ -96,13 +96,12 @@ class MCPGuard:
 
         await self.app(scope, receive, watched)
         if session_id is None:
-            session_id = answer.get("session_id") if answer.get("status") == 200 else None
-        if session_id is None:
-            return
-        if method == "DELETE" and answer.get("status") in (200, 204):
+            if answer.get("status") == 200 and answer.get("session_id"):
+                self.sessions.seen(caller, answer["session_id"])  # opened
+        elif method == "DELETE" and answer.get("status") in (200, 204):
             self.sessions.closed(caller, session_id)
         else:
-            self.sessions.seen(caller, session_id)
+            self.sessions.touched(caller, session_id)
 
 
 def too_many_sessions(limit: int) -> Response:

@@ -41,8 +41,15 @@ class SessionQuota:
         return len(sessions) + self._streams[caller]
 
     def seen(self, caller: str, session_id: str) -> None:
-        """A request of this Streamable HTTP session (or the answer that opened it) just ended."""
+        """The answer that opened this Streamable HTTP session was sent."""
         self._sessions.setdefault(caller, {})[session_id] = time.monotonic()
+
+    def touched(self, caller: str, session_id: str) -> None:
+        """A request naming a session ended: it is idle from now, if it is one this caller opened
+        (an unknown or expired id is not remembered, so made-up ids cost nothing)."""
+        sessions = self._sessions.get(caller, {})
+        if session_id in sessions:
+            sessions[session_id] = time.monotonic()
 
     def closed(self, caller: str, session_id: str) -> None:
         self._sessions.get(caller, {}).pop(session_id, None)

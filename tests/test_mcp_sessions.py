@@ -39,6 +39,10 @@ def test_a_caller_at_its_limit_is_refused_new_sessions_and_others_are_not(server
         assert client.delete("/mcp", headers=session).status_code == 200  # one closed: one more may open
         assert opened(client, hoarder).status_code == 200
         assert opened(client, hoarder).status_code == 429
+        for made_up in ("0" * 32, "f" * 32):  # ids it never opened do not count, nor cost memory
+            client.delete("/mcp", headers={**hoarder, "Mcp-Session-Id": made_up})
+            client.post("/mcp", json=INITIALIZE, headers={**hoarder, "Mcp-Session-Id": made_up})
+        assert opened(client).status_code == 200
 
 
 def test_open_sse_streams_count_until_they_close(server_url):
@@ -64,7 +68,9 @@ def test_a_session_idle_as_long_as_the_sdk_keeps_one_no_longer_counts(monkeypatc
     assert not quota.admits("token 1") and quota.admits("token 2")
     now[0] += 1799
     assert not quota.admits("token 1")
-    quota.seen("token 1", "a")  # used again: idle from now
+    quota.touched("token 1", "a")  # used again: idle from now
+    quota.touched("token 2", "made-up")  # never opened: not counted
+    assert quota.admits("token 2")
     now[0] += 1799
     assert not quota.admits("token 1")
     now[0] += 2
