@@ -63,9 +63,21 @@ def fit_list(items: list[dict[str, Any]], text_key: str, *, envelope: Any = None
 
 
 def drop_to_fit(items: list[Any], payload: Any) -> bool:
-    """Drop items from the end of a list inside ``payload`` until the payload fits; True if any went."""
-    dropped = False
-    while items and json_size(payload) > settings.MCP_MAX_RESPONSE_CHARS:
-        items.pop()
-        dropped = True
-    return dropped
+    """Drop items from the end of a list inside ``payload`` until the payload fits; True if any went.
+
+    The size grows with the number of items kept: the most that fit are found by bisection, so a
+    listing of thousands costs a few serialisations, not one per item dropped."""
+    budget = settings.MCP_MAX_RESPONSE_CHARS
+    if not items or json_size(payload) <= budget:
+        return False
+    everything = list(items)
+    fits, too_many = 0, len(everything)
+    while too_many - fits > 1:
+        middle = (fits + too_many) // 2
+        items[:] = everything[:middle]
+        if json_size(payload) <= budget:
+            fits = middle
+        else:
+            too_many = middle
+    items[:] = everything[:fits]
+    return True

@@ -15,6 +15,7 @@ from mcp_types import INVALID_PARAMS
 from kb.access import FULL_ACCESS, Access
 from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_create, collection_update
+from kb.services.documents import document_create_from_text
 from mcp_endpoint.caller import Caller, calling_as
 from mcp_endpoint.servers import build_server, canonical
 from mcp_endpoint.servers.prompts import GROUNDED_QA
@@ -341,6 +342,38 @@ def test_long_results_are_cut_visibly_to_the_response_budget(settings):
 
     document = call_ok(SERVER, "rag_get_document", {"doc_id": doc_id, "include_content": True})
     assert document["truncated"] is True and document["raw_content"].endswith("more characters truncated]")
+
+
+def test_listings_fit_the_response_budget_and_say_so(settings):
+    settings.MCP_MAX_RESPONSE_CHARS = 3000
+    shelves = [
+        collection_create(name=f"shelf-{n:02}", description=f"Shelf {n}: " + "catalogue of aerofoil data. " * 70)
+        for n in range(40)
+    ]
+    for n in range(30):
+        document_create_from_text(collection=shelves[0], source_uri=f"{'deep/' * 30}note-{n}", text=f"Note {n}.")
+
+    listed = call(SERVER, "rag_list_collections")
+    output = listed.structured_content
+    assert len(json.dumps(output, ensure_ascii=False)) <= 3000
+    assert (output["truncated"], output["total"]) == (True, 40) and 0 < len(output["collections"]) < 40
+    assert [c["name"] for c in output["collections"]] == [f"shelf-{n:02}" for n in range(len(output["collections"]))]
+    assert all(c["description"].endswith("more characters truncated]") for c in output["collections"])
+
+    resource = json.loads(in_memory(SERVER, lambda client: client.read_resource("rag://collections")).contents[0].text)
+    assert len(json.dumps(resource, ensure_ascii=False)) <= 3000 and 0 < len(resource) < 40
+    assert all(c["description"].endswith("more characters truncated]") for c in resource)
+
+    page = call(SERVER, "rag_list_documents", {"collection": "shelf-00"}).structured_content
+    assert len(json.dumps(page, ensure_ascii=False)) <= 3000
+    assert page["truncated"] is True and page["count"] == len(page["documents"]) and 0 < page["count"] < 30
+    following = call_ok(SERVER, "rag_list_documents", {"collection": "shelf-00", "offset": page["count"]})
+    assert following["documents"][0]["source_uri"].endswith(f"note-{page['count']}")
+
+    settings.MCP_MAX_RESPONSE_CHARS = 1_000_000
+    whole = call_ok(SERVER, "rag_list_collections")
+    assert (whole["truncated"], len(whole["collections"])) == (False, 40)
+    assert call_ok(SERVER, "rag_list_documents", {"collection": "shelf-00"})["truncated"] is False
 
 
 def test_file_uris_are_read_under_the_configured_roots_only(settings, tmp_path):

@@ -192,6 +192,23 @@ def test_synthesis_manages_collections_by_uuid():
     assert [c["id"] for c in listed["collections"]] == [collection_id]
 
 
+def test_synthesis_listings_fit_the_response_budget(settings):
+    settings.MCP_MAX_RESPONSE_CHARS = 3000
+    for n in range(40):
+        collection = collection_create(name=f"shelf-{n:02}", description="A shelf of handbooks. " * 90)
+    for n in range(30):
+        document_create_from_text(collection=collection, source_uri=f"{'deep/' * 30}hr-{n}.txt", text=LEAVE)
+
+    listed = json.loads(call_text(SYNTHESIS, "list_collections"))
+    assert len(json.dumps(listed, ensure_ascii=False)) <= 3000 and listed["truncated"] is True and 0 < len(listed["collections"]) < 40
+    assert all(c["description"].endswith("more characters truncated]") for c in listed["collections"])
+    documents = json.loads(call_text(SYNTHESIS, "list_documents", {"collection_id": str(collection.uuid)}))
+    assert len(json.dumps(documents, ensure_ascii=False)) <= 3000 and documents["truncated"] is True and 0 < len(documents["documents"]) < 30
+
+    settings.MCP_MAX_RESPONSE_CHARS = 1_000_000
+    assert json.loads(call_text(SYNTHESIS, "list_collections"))["truncated"] is False
+
+
 @pytest.fixture
 def handbook() -> str:
     """An embedded collection of two documents, one on annual leave; the collection's uuid."""

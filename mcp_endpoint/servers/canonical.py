@@ -32,7 +32,7 @@ from kb.services.documents import document_delete
 from kb.services.embedding_pipeline import documents_embed_for_writer
 from kb.services.ingest import document_ingest
 from kb.services.sources import source_create, sync_start
-from mcp_endpoint.budget import fit_list, fit_texts
+from mcp_endpoint.budget import drop_to_fit, fit_list, fit_texts
 from mcp_endpoint.caller import current_access, current_caller
 from mcp_endpoint.servers import prompts, resources
 from mcp_endpoint.servers.rag_shapes import (
@@ -199,14 +199,19 @@ def rag_delete(doc_id: DocId) -> DeleteOutput:
 class CollectionsOutput(TypedDict):
     collections: list[CollectionSummary]
     total: int
+    truncated: bool
 
 
 @service_tool(TokenScope.READ)
 def rag_list_collections() -> CollectionsOutput:
-    """List the collections with their document and chunk counts (created_at in Unix milliseconds)."""
+    """List the collections with their document and chunk counts (created_at in Unix milliseconds).
+    Past the response budget, descriptions are cut and the last collections left out: ``truncated``
+    says so and ``total`` still counts them all."""
     access = current_access()
     collections = [collection_summary(c) for c in collection_list() if access.can_see(c.name)]
-    return CollectionsOutput(collections=collections, total=len(collections))
+    output = CollectionsOutput(collections=collections, total=len(collections), truncated=False)
+    output["truncated"] = fit_list(collections, "description", envelope=output)
+    return output
 
 
 class DocumentsOutput(TypedDict):
@@ -215,6 +220,7 @@ class DocumentsOutput(TypedDict):
     count: int
     offset: int
     limit: int
+    truncated: bool
 
 
 @service_tool(TokenScope.READ)
@@ -224,11 +230,17 @@ def rag_list_documents(
     offset: Annotated[int, Field(ge=0, description="Pagination offset")] = 0,
     status: Annotated[DocumentStatusName | None, Field(description="Only documents in this state")] = None,
 ) -> DocumentsOutput:
-    """List the documents of a collection, oldest first."""
+    """List the documents of a collection, oldest first. Past the response budget the page ends
+    early (``truncated``; ``count`` is what it holds): ask again from ``offset + count``."""
     collection_row = current_access().collection(collection)
     documents = document_list(collection=collection_row, limit=limit, offset=offset, status=status)
     summaries = [document_summary(document) for document in documents]
-    return DocumentsOutput(collection=collection, documents=summaries, count=len(summaries), offset=offset, limit=limit)
+    output = DocumentsOutput(
+        collection=collection, documents=summaries, count=0, offset=offset, limit=limit, truncated=False
+    )
+    output["truncated"] = drop_to_fit(summaries, output)
+    output["count"] = len(summaries)
+    return output
 
 
 class CreatedCollection(TypedDict):

@@ -15,13 +15,13 @@ from kb.errors import ErrorCode, KBError
 from kb.models import Collection, Document, TokenScope
 from kb.search import search
 from kb.selectors.collections import collection_get_by_uuid, collection_list
-from kb.selectors.documents import document_list
+from kb.selectors.documents import MAX_PAGE_SIZE, document_list
 from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
 from kb.services.embedding_pipeline import documents_embed_for_writer
 from kb.services.ingest import document_ingest
-from mcp_endpoint.budget import fit_list
+from mcp_endpoint.budget import drop_to_fit, fit_list
 from mcp_endpoint.caller import current_access
 from mcp_endpoint.tooling import (
     CREATING,
@@ -114,15 +114,19 @@ def list_collections() -> str:
     """Lists all available document collections."""
     access = current_access()
     collections = [collection_json(c, c.document_total) for c in collection_list() if access.can_see(c.name)]
-    return json_text({"collections": collections})
+    payload = {"collections": collections, "truncated": False}
+    payload["truncated"] = fit_list(collections, "description", envelope=payload)
+    return json_text(payload)
 
 
 @service_tool(TokenScope.READ, on_error=raise_tool_error)
 def list_documents(collection_id: CollectionId) -> str:
     """Lists all documents within a given collection."""
     collection = visible_collection(collection_id)
-    documents = document_list(collection=collection, limit=1000)
-    return json_text({"collection_id": collection_id, "documents": [document_json(d) for d in documents]})
+    documents = [document_json(d) for d in document_list(collection=collection, limit=MAX_PAGE_SIZE)]
+    payload = {"collection_id": collection_id, "documents": documents, "truncated": len(documents) == MAX_PAGE_SIZE}
+    payload["truncated"] = drop_to_fit(documents, payload) or payload["truncated"]
+    return json_text(payload)
 
 
 @service_tool(TokenScope.WRITE, every_collection_to="create collections", on_error=raise_tool_error)
