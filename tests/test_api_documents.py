@@ -119,6 +119,19 @@ def test_it_uploads_several_files_reporting_each(client, docs):
     assert (pdf.content_type, pdf.metadata["team"]) == ("pdf", "aero")
 
 
+def test_two_files_of_one_upload_with_one_name_keep_the_first_and_refuse_the_second(client, docs):
+    first, second = io.BytesIO(b"Readme of the wing tools."), io.BytesIO(b"Readme of the tail tools.")
+    first.name, second.name = "wing/readme.md", "tail/readme.md"  # folders are not part of a name
+    body = client.post("/api/collections/docs/uploads", {"files": [first, second]}).json()
+    assert [(item["source_uri"], item["outcome"]) for item in body["items"]] == [
+        ("upload://readme.md", "created"),
+        ("upload://readme.md", "failed"),
+    ]
+    assert body["items"][1]["error"]["code"] == "INVALID_ARGUMENT"
+    stored = Document.objects.get(collection__name="docs", source_uri="upload://readme.md")
+    assert stored.raw_content == "Readme of the wing tools."
+
+
 def test_a_single_upload_that_fails_answers_with_its_error(client, docs):
     broken = io.BytesIO(b"{not json")
     broken.name = "broken.json"

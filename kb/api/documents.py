@@ -82,7 +82,8 @@ def ingest_document(request: HttpRequest, name: CollectionName, payload: IngestI
     "/collections/{name}/uploads",
     response=with_errors({200: IngestOut}, *INGEST_ERRORS),
     summary="Upload one or more files (multipart/form-data, field `files`)",
-    description="Each file becomes the document `upload://<file name>`; uploading it again updates it. "
+    description="Each file becomes the document `upload://<file name>` (without folders); uploading it again "
+    "updates it, and a second file of one upload with the same name is refused. "
     "A single file that fails answers with its error; with several, each failure is reported in `items`.",
 )
 def upload_documents(

@@ -194,6 +194,14 @@ def ingest_refusals_record(*, collection: Collection, items: Sequence[IngestItem
         IngestRefusal.objects.filter(id__lt=oldest_kept[0]).delete()
 
 
+def upload_name(filename: str) -> str:
+    """The name an uploaded file is known by (its source URI is ``upload://<name>``): folders are dropped."""
+    name = Path(filename or "").name
+    if not name:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "An uploaded file needs a name")
+    return name
+
+
 def document_ingest_upload(
     *,
     collection: Collection,
@@ -206,9 +214,7 @@ def document_ingest_upload(
 
     ``data`` may be Django's uploaded file (kept on disk when large): its size is checked before
     it is read into memory."""
-    name = Path(filename or "").name
-    if not name:
-        raise KBError(ErrorCode.INVALID_ARGUMENT, "An uploaded file needs a name")
+    name = upload_name(filename)
     size = len(data) if isinstance(data, bytes) else data.size
     if size > settings.KB_MAX_DOCUMENT_BYTES:
         raise KBError(

@@ -14,6 +14,7 @@ from kb.services.ingest import (
     document_ingest_upload,
     ingest_item,
     ingest_refusals_record,
+    upload_name,
 )
 
 
@@ -28,11 +29,13 @@ def document_ingest_uploads(
     several, each failure is reported."""
     check_metadata(metadata)  # the request's, not a file's: refused once, as with one file
     report = IngestReport()
+    names: set[str] = set()
     for upload in uploads:
         filename = upload.name or ""
         try:
             if "\x00" in filename:
                 raise KBError(ErrorCode.INVALID_ARGUMENT, "A file name must not contain NUL characters")
+            _check_unique(upload_name(filename), names)
             stored = document_ingest_upload(
                 collection=collection, filename=filename, data=upload, content_type=content_type, metadata=metadata
             )
@@ -44,3 +47,14 @@ def document_ingest_uploads(
     if len(uploads) == 1 and report.failed:
         raise report.failed[0].error
     return report
+
+
+def _check_unique(name: str, names: set[str]) -> None:
+    """Two files of one upload with one name would be one document, the second silently replacing
+    the first (folders are not part of the name): the second is refused instead."""
+    if name in names:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"Another file of this upload is named {name!r}: each file becomes upload://<its name>, names must differ",
+        )
+    names.add(name)
