@@ -2,7 +2,7 @@
 
 import pytest
 
-from kb.models import Collection, Document
+from kb.models import Collection, Document, EmbeddingModel
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from tests.conftest import free_port
@@ -127,6 +127,8 @@ def test_a_model_the_provider_cannot_use_is_refused_before_anything_changes(clie
     assert error_of(local) == (400, "INVALID_ARGUMENT")
     assert Collection.objects.get(name="docs").next_embedding_model is None
     assert not Collection.objects.filter(name="new").exists()
+    # Nor is a row left for a model that was refused (the admin's list of models filled up with them).
+    assert not EmbeddingModel.objects.filter(provider="ollama").exists()
 
 
 def test_a_refused_update_changes_nothing(client):

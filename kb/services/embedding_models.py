@@ -12,6 +12,16 @@ KNOWN_DIMENSIONS = {("local", "all-MiniLM-L6-v2"): 384}
 
 
 def embedding_model_get_or_create(*, provider: str, name: str) -> EmbeddingModel:
+    name = _checked_name(provider, name)
+    model, created = EmbeddingModel.objects.get_or_create(provider=provider, name=name)
+    known = KNOWN_DIMENSIONS.get((provider, name))
+    if created and known:
+        model = embedding_model_record_dimensions(model=model, dimensions=known)
+    return model
+
+
+def _checked_name(provider: str, name: str) -> str:
+    """The name a provider is asked for, refused if it cannot name a model."""
     if provider not in EmbeddingProvider.values:
         raise KBError(
             ErrorCode.INVALID_ARGUMENT,
@@ -25,11 +35,7 @@ def embedding_model_get_or_create(*, provider: str, name: str) -> EmbeddingModel
     check_storable(name, what="embedding model name")
     if provider == EmbeddingProvider.LOCAL:
         _check_local_model(name)
-    model, created = EmbeddingModel.objects.get_or_create(provider=provider, name=name)
-    known = KNOWN_DIMENSIONS.get((provider, name))
-    if created and known:
-        model = embedding_model_record_dimensions(model=model, dimensions=known)
-    return model
+    return name
 
 
 def embedding_model_choose(*, provider: str, name: str | None) -> EmbeddingModel:
@@ -37,17 +43,24 @@ def embedding_model_choose(*, provider: str, name: str | None) -> EmbeddingModel
 
     A blank name is the provider's default. A local model's files must be there; a remote model
     that has never given a vector is asked for one now: a provider that refuses it (unknown model,
-    bad key) gives INVALID_ARGUMENT, one that cannot be reached EMBEDDING_ERROR."""
+    bad key) gives INVALID_ARGUMENT, one that cannot be reached EMBEDDING_ERROR. Its row is written
+    only once it has answered: a refused name leaves nothing behind."""
     from kb.embedding_providers import EmbeddingError, embed_texts
 
-    model = embedding_model_get_or_create(provider=provider, name=model_name_for(provider, name))
-    if model.dimensions is not None:
+    name = _checked_name(provider, model_name_for(provider, name))
+    model = EmbeddingModel.objects.filter(provider=provider, name=name).first()
+    if model is None and (provider, name) in KNOWN_DIMENSIONS:
+        model = embedding_model_get_or_create(provider=provider, name=name)
+    if model is not None and model.dimensions is not None:
         return model
     try:
-        vectors = embed_texts(model.provider, model.name, ["A short text to check the model."])
+        vectors = embed_texts(provider, name, ["A short text to check the model."])
     except EmbeddingError as error:
         code = ErrorCode.EMBEDDING_ERROR if error.retryable else ErrorCode.INVALID_ARGUMENT
-        raise KBError(code, f"Cannot use the embedding model {model}: {error.message}") from None
+        raise KBError(code, f"Cannot use the embedding model {provider}:{name}: {error.message}") from None
+    model = embedding_model_get_or_create(provider=provider, name=name)
+    if model.dimensions is not None:
+        return model
     return embedding_model_record_dimensions(model=model, dimensions=len(vectors[0]))
 
 
