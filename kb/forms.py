@@ -15,6 +15,7 @@ from kb.search import MODES
 from kb.services.collections import validate_chunk_settings, validate_collection_name, validate_semantic_weight
 from kb.services.embedding_models import embedding_model_choose, model_name_for
 from kb.services.sources import validate_source_fields
+from kb.storable import parse_json
 
 CONTENT_TYPE_CHOICES = [("", "Detect automatically")] + [(kind, kind) for kind in CONTENT_TYPES]
 
@@ -29,9 +30,11 @@ class JSONObjectField(forms.CharField):
         if not text:
             return None
         try:
-            parsed = json.loads(text)
+            parsed = parse_json(text)
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+        except ValueError as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc}") from None
         if not isinstance(parsed, dict):
             raise forms.ValidationError('Use a JSON object, like {"author": "Smith"}.')
         return parsed

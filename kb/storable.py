@@ -28,6 +28,15 @@ def storable_text(text: str, *, limit: int) -> str:
     return data.decode("utf-8", "replace").replace("\x00", "\ufffd")[:limit]
 
 
+def parse_json(text: str) -> Any:
+    """A caller's JSON text. Nesting past the parser's stack (RecursionError) is malformed JSON like
+    any other: a ValueError, as json.JSONDecodeError and Python's 4,300-digit integer limit are."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply") from None
+
+
 def check_json_size(value: Any, *, what: str, limit: int, setting: str) -> None:
     """``value`` (already storable: check_storable) is at most ``limit`` characters as compact JSON."""
     size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")))

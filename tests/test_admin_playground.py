@@ -121,6 +121,9 @@ def test_mistakes_are_explained_on_the_form(admin_client):
     make_collection("handbook")
     page = admin_client.get(PLAYGROUND, {"q": "x", "metadata": "{not json"}).content.decode()
     assert "Not valid JSON" in page
+    for hostile in ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", '{"a": ' + "9" * 5000 + "}"):  # had been 500s
+        response = admin_client.get(PLAYGROUND, {"q": "x", "metadata": hostile})
+        assert response.status_code == 200 and "Not valid JSON" in response.content.decode()
     page = admin_client.get(PLAYGROUND, {"q": "x", "metadata": '{"year": {"$near": 1}}'}).content.decode()
     assert "Unknown filter operator" in page and "INVALID_ARGUMENT" in page
     page = admin_client.get(PLAYGROUND, {"q": "x", "collections": "nope"}).content.decode()

@@ -301,6 +301,13 @@ def test_ragmcpserver_injects_text():
     document = Document.objects.get(source_uri__startswith="inject://", raw_content=LEAVE)
     assert (document.collection.name, document.metadata["source"]) == ("RagMcpServer", "handbook.md")
     assert call(RAGMCPSERVER, "Inject", {"text": "  "}).is_error
+    # Metadata that is not a JSON object is kept as text, even nested past the parser's stack;
+    # past KB_MAX_METADATA_CHARS it is refused, saying why (it had been a bare "Error executing tool Inject").
+    deep = "[" * 3000 + "]" * 3000
+    call_text(RAGMCPSERVER, "Inject", {"text": "Deeply nested notes.", "metadata": deep})
+    assert Document.objects.get(raw_content="Deeply nested notes.").metadata["metadata"] == deep
+    refused = call(RAGMCPSERVER, "Inject", {"text": "More notes.", "metadata": "[" * 100_000 + "]" * 100_000})
+    assert refused.is_error and "KB_MAX_METADATA_CHARS" in refused.content[0].text
 
 
 def test_ragmcpserver_answers_queries_with_the_top_five():

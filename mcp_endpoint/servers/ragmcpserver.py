@@ -4,7 +4,6 @@ knowledge base (cosine similarity). Both answer with text, as the seed's server 
 an error result carrying the message."""
 
 import hashlib
-import json
 from typing import Annotated, Any
 
 from pydantic import Field
@@ -16,6 +15,7 @@ from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_get_or_create
 from kb.services.documents import document_create_from_text
 from kb.services.embedding_pipeline import documents_embed_for_writer
+from kb.storable import parse_json
 from mcp_endpoint.budget import fit_list
 from mcp_endpoint.caller import current_access
 from mcp_endpoint.tooling import ADDITIVE, READ_ONLY, KBServer, raise_tool_error, service_tool
@@ -29,7 +29,7 @@ def metadata_object(metadata: dict[str, Any] | str | None) -> dict[str, Any]:
     if metadata is None or isinstance(metadata, dict):
         return metadata or {}
     try:
-        parsed = json.loads(metadata)
+        parsed = parse_json(metadata)
     except ValueError:
         parsed = None
     return parsed if isinstance(parsed, dict) else {"metadata": metadata}
