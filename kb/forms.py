@@ -15,6 +15,7 @@ from kb.search import MODES
 from kb.services.collections import validate_chunk_settings, validate_collection_name, validate_semantic_weight
 from kb.services.embedding_models import embedding_model_choose, model_name_for
 from kb.services.sources import validate_source_fields
+from kb.services.tokens import validate_expiry
 from kb.storable import parse_json
 
 CONTENT_TYPE_CHOICES = [("", "Detect automatically")] + [(kind, kind) for kind in CONTENT_TYPES]
@@ -237,10 +238,30 @@ class PlaygroundForm(forms.Form):
 
 
 class ApiTokenForm(forms.ModelForm):
+    """Offers only the scopes the signed-in curator may hand out (the admin sets ``grantable``)."""
+
+    grantable: list[str] = []
+
     class Meta:
         model = ApiToken
         fields = ["name", "scope", "collections", "expires_at"]
         help_texts = {"collections": "None selected: every collection."}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "scope" in self.fields:
+            scope = self.fields["scope"]
+            scope.choices = [(value, label) for value, label in scope.choices if value in self.grantable]
+            if not self.grantable:
+                scope.help_text = "Your account may not hand out tokens: it needs to view collections and documents."
+
+    def clean_expires_at(self) -> Any:
+        expires_at = self.cleaned_data.get("expires_at")
+        try:
+            validate_expiry(expires_at)
+        except KBError as error:
+            raise forms.ValidationError(error.message) from None
+        return expires_at
 
 
 # --- sources --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """API tokens in the admin: made by the token service, shown once, revoked by action."""
 
 import pytest
+from django.contrib.auth.models import User
 from django.urls import reverse
 
 from kb.errors import KBError
@@ -66,3 +67,41 @@ def test_only_users_allowed_to_change_tokens_may_revoke(db):
     client.post(LIST, {"action": "revoke", "_selected_action": [token.pk]})
     assert token_authenticate(raw=plaintext).pk == token.pk
     assert client.get(ADD).status_code == 403
+
+
+READER = ["view_collection", "view_document", "view_source"]
+
+
+def test_a_curator_hands_out_no_scope_beyond_their_own_permissions(db):
+    """A staff user allowed only to add tokens had minted admin tokens, which delete collections."""
+    make_collection("handbook")
+    only_tokens = staff_client("tokens", ["add_apitoken"])
+    assert 'value="admin"' not in only_tokens.get(ADD).content.decode()
+    refused = only_tokens.post(ADD, {"name": "escalate", "scope": "admin"})
+    assert refused.status_code == 200 and "Select a valid choice" in refused.content.decode()
+
+    reader = staff_client("reader", ["add_apitoken", *READER])
+    page = reader.get(ADD).content.decode()
+    assert 'value="read"' in page and 'value="write"' not in page
+    assert reader.post(ADD, {"name": "mine", "scope": "write"}).status_code == 200
+    assert "plaintext" in reader.post(ADD, {"name": "mine", "scope": "read"}).context
+    assert list(ApiToken.objects.values_list("name", "scope")) == [("mine", "read")]
+
+    user = User.objects.get(username="tokens")
+    with pytest.raises(KBError) as refused_by_service:
+        token_create(name="escalate", scope="admin", created_by=user)
+    assert refused_by_service.value.code == "PERMISSION_DENIED"
+
+
+def test_a_token_cannot_expire_before_it_is_made(admin_client):
+    response = admin_client.post(
+        ADD, {"name": "old", "scope": "read", "expires_at_0": "2000-01-01", "expires_at_1": "00:00:00"}
+    )
+    assert "A token&#x27;s expiry must be in the future" in response.content.decode()
+    assert not ApiToken.objects.exists()
+
+
+def test_a_token_made_in_a_popup_still_shows_its_plaintext(admin_client):
+    response = admin_client.post(ADD + "?_popup=1", {"name": "popup", "scope": "read", "_popup": "1"})
+    plaintext = response.context["plaintext"]
+    assert token_authenticate(raw=plaintext).name == "popup"

@@ -11,7 +11,7 @@ from django.urls import reverse
 from kb.admin.common import adopt, run_each
 from kb.forms import ApiTokenForm
 from kb.models import ApiToken
-from kb.services.tokens import token_create, token_revoke
+from kb.services.tokens import scopes_grantable_by, token_create, token_revoke
 
 
 @admin.register(ApiToken)
@@ -32,6 +32,11 @@ class ApiTokenAdmin(admin.ModelAdmin):
     search_fields = ["name", "prefix"]
     filter_horizontal = ["collections"]
     actions = ["revoke"]
+
+    def get_form(self, request: HttpRequest, obj: ApiToken | None = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        form.grantable = scopes_grantable_by(request.user)
+        return form
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ApiToken]:
         return super().get_queryset(request).prefetch_related("collections")
@@ -84,8 +89,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue: str | None = None) -> HttpResponse:
         plaintext = getattr(request, "kb_token_plaintext", None)
-        if plaintext is None or "_popup" in request.POST:
+        if plaintext is None:
             return super().response_add(request, obj, post_url_continue)
+        # Shown even when asked for in a popup: a token whose plaintext nobody saw is useless.
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,

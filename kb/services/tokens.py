@@ -4,6 +4,7 @@ import hashlib
 import secrets
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -12,6 +13,40 @@ from kb.errors import ErrorCode, KBError
 from kb.models import ApiToken, Collection, TokenScope
 
 TOKEN_PREFIX = "kb_"
+
+# What a curator must be allowed to do in the admin to hand out each scope: a token does no more
+# than the person who made it could (a staff user allowed only to add tokens had minted admin ones).
+# Each scope needs its own permissions and those of the scopes below it.
+SCOPE_PERMISSIONS = {
+    TokenScope.READ: ("kb.view_collection", "kb.view_document", "kb.view_source"),
+    TokenScope.WRITE: (
+        "kb.add_collection",
+        "kb.add_document",
+        "kb.change_document",
+        "kb.delete_document",
+        "kb.add_source",
+        "kb.change_source",
+        "kb.delete_source",
+    ),
+    TokenScope.ADMIN: ("kb.change_collection", "kb.delete_collection"),
+}
+
+
+def scopes_grantable_by(user: Any) -> list[str]:
+    """The scopes ``user`` may put on a token, weakest first."""
+    needed: list[str] = []
+    grantable = []
+    for scope in TokenScope.values:
+        needed += SCOPE_PERMISSIONS[TokenScope(scope)]
+        if not user.has_perms(needed):
+            break
+        grantable.append(scope)
+    return grantable
+
+
+def validate_expiry(expires_at: datetime | None) -> None:
+    if expires_at is not None and expires_at <= timezone.now():
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "A token's expiry must be in the future")
 
 
 def hash_token(raw: str) -> str:
@@ -23,14 +58,20 @@ def token_create(
     name: str,
     scope: str = TokenScope.READ,
     collections: Sequence[str] = (),
-    created_by: object | None = None,
+    created_by: Any | None = None,
     expires_at: datetime | None = None,
 ) -> tuple[ApiToken, str]:
-    """Create a token; returns it with its plaintext, which is not stored and cannot be shown again."""
+    """Create a token; returns it with its plaintext, which is not stored and cannot be shown again.
+
+    ``created_by``, the admin user making it, must hold the permissions of its scope
+    (``scopes_grantable_by``); without one (the operator's command line) any scope may be made."""
     if not name or not name.strip():
         raise KBError(ErrorCode.INVALID_ARGUMENT, "A token needs a name")
     if scope not in TokenScope.values:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"scope must be one of {', '.join(TokenScope.values)}")
+    if created_by is not None and scope not in scopes_grantable_by(created_by):
+        raise KBError(ErrorCode.PERMISSION_DENIED, f"You may not hand out a token of scope {scope!r}")
+    validate_expiry(expires_at)
     found = list(Collection.objects.filter(name__in=list(collections)))
     missing = sorted(set(collections) - {collection.name for collection in found})
     if missing:
