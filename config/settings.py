@@ -70,6 +70,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "kb.api.errors.method_not_allowed_as_json",
+    "kb.admin.common.refuse_nul_in_admin",
 ]
 
 ROOT_URLCONF = "config.urls"

@@ -12,7 +12,12 @@ from kb.errors import KBError
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import DEFAULT_TOP_K, MAX_TOP_K, ApiToken, Collection, EmbeddingProvider, Source
 from kb.search import MODES
-from kb.services.collections import validate_chunk_settings, validate_collection_name, validate_semantic_weight
+from kb.services.collections import (
+    validate_chunk_settings,
+    validate_collection_name,
+    validate_description,
+    validate_semantic_weight,
+)
 from kb.services.embedding_models import embedding_model_choose, model_name_for
 from kb.services.sources import validate_source_fields
 from kb.services.tokens import validate_expiry
@@ -106,6 +111,7 @@ class CollectionForm(forms.ModelForm):
                     overlap_tokens=data.get("chunk_overlap_tokens") or 0,
                 )
             validate_semantic_weight(data.get("semantic_weight"))
+            validate_description(data.get("description") or "")
         except KBError as error:
             raise forms.ValidationError(error.message) from None
         self._check_model(data)

@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from kb.errors import ErrorCode
-from kb.models import Document
+from kb.models import Document, IngestRefusal
 from tests.support.admin_data import (
     add_text,
     fail,
@@ -107,3 +107,13 @@ def test_staff_without_knowledge_base_permissions_see_no_dashboard(db):
     assert "kb-dashboard" not in page
     page = staff_client("reader", ["view_document"]).get(INDEX).content.decode()
     assert "kb-dashboard" in page and "Search playground</a>" not in page
+
+
+def test_files_not_ingested_show_only_to_those_who_may_open_their_list(db):
+    collection = make_collection("handbook")
+    add_text(collection, "note://plans")
+    IngestRefusal.objects.create(collection=collection, source_uri="upload://payroll.xlsx", error_code="LOAD_FAILED")
+    reader = staff_client("reader", ["view_document"]).get(INDEX).content.decode()
+    assert "note://plans" in reader and "payroll" not in reader and "Files not ingested" not in reader
+    both = staff_client("both", ["view_document", "view_ingestrefusal"]).get(INDEX).content.decode()
+    assert "note://plans" in both and "upload://payroll.xlsx" in both

@@ -3,8 +3,10 @@ the search playground (a chunk is what a search returns)."""
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.postgres.search import SearchQuery
+from django.db import DatabaseError, connection, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Left
 from django.http import HttpRequest, HttpResponse
@@ -12,13 +14,15 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from kb.admin import views
+from kb.admin.common import CuratedAdmin
 from kb.models import Chunk
 
 
 @admin.register(Chunk)
-class ChunkAdmin(admin.ModelAdmin):
+class ChunkAdmin(CuratedAdmin):
     list_display = ["chunk_column", "document_column", "collection", "lines", "page", "token_count", "preview"]
     list_filter = ["collection"]
+    linked_filters = ("document",)  # a document's page links to its chunks
     # The search box uses the chunks' full-text index (get_search_results), not a LIKE scan.
     search_fields = ["content"]
     search_help_text = "Words to find in the chunks (full-text, stemmed)."
@@ -53,10 +57,10 @@ class ChunkAdmin(admin.ModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Chunk], search_term: str
     ) -> tuple[QuerySet[Chunk], bool]:
-        term = search_term.strip()
+        term = search_term.strip()[: settings.KB_MAX_QUERY_CHARS]
         if not term:
             return queryset, False
-        return queryset.filter(search_vector=SearchQuery(term, config="english", search_type="websearch")), False
+        return queryset.filter(search_vector=SearchQuery(term, config="english", search_type=_syntax(term))), False
 
     def get_urls(self) -> list[Any]:
         return [
@@ -92,3 +96,14 @@ class ChunkAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Chunk | None = None) -> bool:
         return False
+
+
+def _syntax(term: str) -> str:
+    """Web search syntax ("quotes", or, -word) where Postgres can parse the term, else plain words:
+    33 dashes run its parser out of stack ("tsquery stack too small"), a 500 for the whole page."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT websearch_to_tsquery('english', %s)", [term])
+    except DatabaseError:
+        return "plain"
+    return "websearch"

@@ -12,7 +12,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from kb.admin.common import RecordAdmin, adopt
+from kb.admin.common import CuratedAdmin, RecordAdmin, adopt
 from kb.errors import KBError
 from kb.forms import CollectionForm
 from kb.models import Collection, EmbeddingModel
@@ -23,7 +23,7 @@ from kb.services.model_switch import collection_reembed_cancel, collection_reemb
 
 
 @admin.register(Collection)
-class CollectionAdmin(admin.ModelAdmin):
+class CollectionAdmin(CuratedAdmin):
     form = CollectionForm
     list_display = [
         "name",

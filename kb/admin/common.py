@@ -1,15 +1,22 @@
 """Pieces shared by the knowledge base's admin pages."""
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import Model
-from django.http import HttpRequest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import ValidationError
+from django.db.models import Model, QuerySet
+from django.db.models.constants import LOOKUP_SEP
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.http.response import HttpResponseBase
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils.safestring import SafeString
 
 from kb.errors import ErrorCode, KBError
+from kb.middleware import request_middleware
 from kb.models import DocumentStatus
 
 # What each error code means for a curator, shown above the error's own message.
@@ -79,7 +86,56 @@ def run_each(
     return succeeded
 
 
-class RecordAdmin(admin.ModelAdmin):
+class CuratedAdmin(admin.ModelAdmin):
+    """What every model admin of the knowledge base refuses that Django's allows.
+
+    - Changelist filters are only those the page offers (its ``list_filter``, and the links of
+      ``linked_filters``), as equality or null tests. Django allows any lookup on a model's own
+      fields: ``?key_hash__startswith=`` read a token's hash a digit at a time, and ``?title__regex=(``
+      was a 500.
+    - An action's selection that names no possible row is refused with a message, not a 500.
+    - Deleting a row deletes the records that hang off it (a source's sync runs) although a curator
+      may not delete those one by one: Django had refused to delete any source that ever synced.
+    """
+
+    linked_filters: tuple[str, ...] = ()
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        offered = set(self.linked_filters)
+        for item in self.get_list_filter(request) if request else self.list_filter:
+            if isinstance(item, str):
+                offered.add(item)
+            elif isinstance(item, tuple | list):
+                offered.add(item[0])
+            else:  # a SimpleListFilter: its own parameter
+                offered.add(item.parameter_name)
+                if lookup == item.parameter_name:
+                    return True
+        field, *rest = lookup.split(LOOKUP_SEP)
+        shapes = (["exact"], ["isnull"], ["id", "exact"])
+        return field in offered and rest in shapes and super().lookup_allowed(lookup, value, request)
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponseBase | None:
+        primary_key = self.model._meta.pk
+        try:
+            for selected in request.POST.getlist(ACTION_CHECKBOX_NAME):
+                primary_key.to_python(selected)
+        except ValidationError:
+            self.message_user(request, "The selection names rows that cannot exist.", messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, set[str], Any]:
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        records = {
+            str(model._meta.verbose_name)
+            for model, model_admin in self.admin_site._registry.items()
+            if isinstance(model_admin, RecordAdmin) and model is not self.model
+        }
+        return deleted, counts, perms_needed - records, protected
+
+
+class RecordAdmin(CuratedAdmin):
     """Rows the services write and a curator only reads (and may delete, when ``deletable``)."""
 
     deletable = False
@@ -92,3 +148,23 @@ class RecordAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self.deletable and super().has_delete_permission(request, obj)
+
+
+@functools.cache
+def _admin_prefix() -> str:
+    return reverse("admin:index")
+
+
+def _nul_refusal(request: HttpRequest) -> HttpResponse | None:
+    """A NUL character in an admin URL, filter, search or form value is a 400. Postgres text cannot
+    hold one, and Django's admin passed it on to a query: a 500 (DataError) on a dozen pages."""
+    if not request.path_info.startswith(_admin_prefix()):
+        return None
+    forms = [request.GET, request.POST] if request.method == "POST" else [request.GET]
+    texts = [request.path_info, *(text for form in forms for key, values in form.lists() for text in (key, *values))]
+    if not any("\x00" in text for text in texts):
+        return None
+    return HttpResponseBadRequest("A NUL character cannot be part of an admin request.", content_type="text/plain")
+
+
+refuse_nul_in_admin = request_middleware(refuse=_nul_refusal)

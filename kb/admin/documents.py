@@ -22,7 +22,7 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from kb.admin import views
-from kb.admin.common import RecordAdmin, explain_error, progress_bar, run_each, status_badge
+from kb.admin.common import CuratedAdmin, RecordAdmin, explain_error, progress_bar, run_each, status_badge
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import Document, DocumentStatus, IngestRefusal
 from kb.selectors.admin import document_chunk_rows, documents_removal
@@ -50,7 +50,7 @@ class ContentTypeFilter(admin.SimpleListFilter):
 
 
 @admin.register(Document)
-class DocumentAdmin(admin.ModelAdmin):
+class DocumentAdmin(CuratedAdmin):
     list_display = [
         "title_column",
         "status_column",

@@ -9,7 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
-from kb.admin.common import RecordAdmin, adopt, run_each
+from kb.admin.common import CuratedAdmin, RecordAdmin, adopt, run_each
 from kb.forms import SourceForm
 from kb.models import Source, SyncRun
 from kb.selectors.sources import SyncRunOut
@@ -34,7 +34,7 @@ class SyncRunInline(admin.TabularInline):
 
 
 @admin.register(Source)
-class SourceAdmin(admin.ModelAdmin):
+class SourceAdmin(CuratedAdmin):
     form = SourceForm
     change_form_template = "admin/kb/source/change_form.html"
     list_display = ["name", "collection", "follows", "schedule", "last_run", "next_sync_at"]

@@ -8,14 +8,14 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from kb.admin.common import adopt, run_each
+from kb.admin.common import CuratedAdmin, adopt, run_each
 from kb.forms import ApiTokenForm
 from kb.models import ApiToken
 from kb.services.tokens import scopes_grantable_by, token_create, token_revoke
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(CuratedAdmin):
     form = ApiTokenForm
     list_display = [
         "name",

@@ -8,16 +8,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import SuspiciousOperation
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils.decorators import sync_and_async_middleware
 from ninja import NinjaAPI
 from ninja.errors import HttpError, ValidationError
 
 from kb.api.schemas import ErrorOut
 from kb.errors import HTTP_STATUS, ErrorCode, KBError, database_error
+from kb.middleware import request_middleware
 
 logger = logging.getLogger(__name__)
 
@@ -82,29 +81,16 @@ def _http_error_handler(api: NinjaAPI) -> Callable[[HttpRequest, Exception], Htt
     return respond
 
 
-@sync_and_async_middleware
-def method_not_allowed_as_json(get_response: Callable[[HttpRequest], Any]) -> Callable[[HttpRequest], Any]:
+def _method_not_allowed_as_json(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     """django-ninja answers a method its path does not take in plain text; the API's shape instead."""
+    if response.status_code != 405 or not request.path_info.startswith("/api/"):
+        return response
+    allowed = ", ".join(sorted(method.strip() for method in response.headers.get("Allow", "").split(",")))
+    message = f"{request.method} is not allowed on {request.path}; it takes {allowed}"
+    error = KBError(ErrorCode.METHOD_NOT_ALLOWED, message)
+    answer = JsonResponse(error.as_dict(), status=error.http_status)
+    answer["Allow"] = allowed
+    return answer
 
-    def translated(request: HttpRequest, response: HttpResponse) -> HttpResponse:
-        if response.status_code != 405 or not request.path_info.startswith("/api/"):
-            return response
-        allowed = ", ".join(sorted(method.strip() for method in response.headers.get("Allow", "").split(",")))
-        error = KBError(
-            ErrorCode.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.path}; it takes {allowed}"
-        )
-        answer = JsonResponse(error.as_dict(), status=error.http_status)
-        answer["Allow"] = allowed
-        return answer
 
-    if iscoroutinefunction(get_response):
-
-        async def middleware(request: HttpRequest) -> HttpResponse:
-            return translated(request, await get_response(request))
-
-    else:
-
-        def middleware(request: HttpRequest) -> HttpResponse:
-            return translated(request, get_response(request))
-
-    return middleware
+method_not_allowed_as_json = request_middleware(translate=_method_not_allowed_as_json)
