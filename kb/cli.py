@@ -3,7 +3,7 @@
 
     kb run                       the whole system on 127.0.0.1:8001 (manage.py kb_run)
     kb mcp-stdio [--profile P]   an MCP server on stdin/stdout, for desktop clients
-    kb ingest|search|stats|collections|delete|reembed|token ...
+    kb ingest|search|stats|collections|delete|reembed|sync|token ...
     kb manage COMMAND ...        any other Django command (migrate, createsuperuser, check ...)
 
 Each is a thin wrapper: ``kb search "lift"`` is ``manage.py kb_search "lift"``.
@@ -21,6 +21,7 @@ COMMANDS = {
     "collections": "kb_collections",
     "delete": "kb_delete",
     "reembed": "kb_reembed",
+    "sync": "kb_sync",
     "token": "kb_token",
 }
 

@@ -1,5 +1,8 @@
 """REST API: every failure is {"error": {"code", "message"}} with the HTTP status of the seed's table."""
 
+import io
+import logging
+
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
@@ -125,3 +128,18 @@ def test_an_escaped_nul_in_upload_metadata_is_400(client, files):
     response = client.post("/api/collections/docs/uploads", {"files": notes, "metadata": '{"k": "\\u0000"}'})
     assert error_of(response) == (400, "INVALID_ARGUMENT")
     assert not Document.objects.exists()
+
+
+def test_a_host_the_server_does_not_serve_is_400_and_one_warning_line(client):
+    """Django logs it at ERROR with a traceback: the caller's mistake, not the server's."""
+    (server_log,) = [handler for handler in logging.getLogger().handlers if handler.get_name() == "stderr"]
+    written = io.StringIO()
+    kept = server_log.setStream(written)
+    try:
+        response = client.get("/api/collections", HTTP_HOST="evil.example")
+    finally:
+        server_log.setStream(kept)
+    assert error_of(response) == (400, "INVALID_ARGUMENT")
+    logged = written.getvalue()
+    assert "WARNING django.security.DisallowedHost: Invalid HTTP_HOST header: 'evil.example'" in logged
+    assert "Traceback" not in logged and " ERROR " not in logged
