@@ -2,6 +2,8 @@
 400, never a 500, and nothing is read that the page does not offer."""
 
 import pytest
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient
 from django.urls import reverse
 
 from kb.models import ApiToken, Collection, Source, SyncRun
@@ -112,3 +114,13 @@ def test_a_description_past_its_limit_is_a_form_error(admin_client, settings):
     response = admin_client.post(reverse("admin:kb_collection_add"), form)
     assert response.status_code == 200 and "KB_MAX_DESCRIPTION_CHARS" in response.content.decode()
     assert not Collection.objects.exists() and not ApiToken.objects.exists()
+
+
+def test_the_nul_check_works_in_the_servers_async_chain_too():
+    """Under ASGI the check runs in the event loop, and a form's body is parsed in a thread."""
+    client = AsyncClient()
+    changelist = reverse("admin:kb_collection_changelist")
+    assert async_to_sync(client.get)(DOCUMENTS + "?q=%00").status_code == 400
+    posted = async_to_sync(client.post)(changelist, {"action": "delete_selected", "_selected_action": ["\x00"]})
+    assert posted.status_code == 400 and b"NUL" in posted.content
+    assert async_to_sync(client.post)(changelist, {"action": "delete_selected"}).status_code == 302  # to the login

@@ -155,10 +155,14 @@ def _admin_prefix() -> str:
     return reverse("admin:index")
 
 
+def _in_admin(request: HttpRequest) -> bool:
+    return request.path_info.startswith(_admin_prefix())
+
+
 def _nul_refusal(request: HttpRequest) -> HttpResponse | None:
     """A NUL character in an admin URL, filter, search or form value is a 400. Postgres text cannot
     hold one, and Django's admin passed it on to a query: a 500 (DataError) on a dozen pages."""
-    if not request.path_info.startswith(_admin_prefix()):
+    if not _in_admin(request):
         return None
     forms = [request.GET, request.POST] if request.method == "POST" else [request.GET]
     texts = [request.path_info, *(text for form in forms for key, values in form.lists() for text in (key, *values))]
@@ -167,4 +171,7 @@ def _nul_refusal(request: HttpRequest) -> HttpResponse | None:
     return HttpResponseBadRequest("A NUL character cannot be part of an admin request.", content_type="text/plain")
 
 
-refuse_nul_in_admin = request_middleware(refuse=_nul_refusal)
+# A form's body (an upload's too) is parsed in a thread, as the admin's own views would parse it.
+refuse_nul_in_admin = request_middleware(
+    refuse=_nul_refusal, refuse_in_thread=lambda request: request.method == "POST" and _in_admin(request)
+)
