@@ -201,6 +201,13 @@ def test_kb_token_refuses_a_token_for_an_unknown_collection(library):
         run("kb_token", "create", "bad", "--collection", "nope")
 
 
+@pytest.mark.parametrize("name", ["a\x00b", "n" * 101])
+def test_kb_token_refuses_a_name_the_database_cannot_hold(library, name):
+    with pytest.raises(CommandError, match="INVALID_ARGUMENT"):
+        run("kb_token", "create", name)
+    assert not ApiToken.objects.exists()
+
+
 def test_kb_token_refuses_to_revoke_an_unknown_prefix(library):
     with pytest.raises(CommandError, match="INVALID_ARGUMENT"):
         run("kb_token", "revoke", "00000000")

@@ -11,8 +11,10 @@ from django.utils import timezone
 
 from kb.errors import ErrorCode, KBError
 from kb.models import ApiToken, Collection, TokenScope
+from kb.storable import check_storable
 
 TOKEN_PREFIX = "kb_"
+TOKEN_NAME_MAX_LENGTH = ApiToken._meta.get_field("name").max_length
 
 # What a curator must be allowed to do in the admin to hand out each scope: a token does no more
 # than the person who made it could (a staff user allowed only to add tokens had minted admin ones).
@@ -67,6 +69,9 @@ def token_create(
     (``scopes_grantable_by``); without one (the operator's command line) any scope may be made."""
     if not name or not name.strip():
         raise KBError(ErrorCode.INVALID_ARGUMENT, "A token needs a name")
+    check_storable(name, what="token name")
+    if len(name.strip()) > TOKEN_NAME_MAX_LENGTH:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"A token's name has at most {TOKEN_NAME_MAX_LENGTH} characters")
     if scope not in TokenScope.values:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"scope must be one of {', '.join(TokenScope.values)}")
     if created_by is not None and scope not in scopes_grantable_by(created_by):
