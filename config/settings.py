@@ -327,12 +327,14 @@ LOGGING = {
     # stderr only: the stdio MCP transport owns stdout.
     "filters": {"callers_mistakes": {"()": "kb.logs.CallersMistakesAsWarnings"}},
     "handlers": {
-        "stderr": {
+        "stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "plain"},
+        # Requests Django refuses as suspicious: a handler of their own (see kb.logs).
+        "callers_mistakes": {
             "class": "logging.StreamHandler",
             "stream": "ext://sys.stderr",
             "formatter": "plain",
             "filters": ["callers_mistakes"],
-        }
+        },
     },
     "root": {"handlers": ["stderr"], "level": env_str("LOG_LEVEL", "INFO").upper()},
     "loggers": {
@@ -342,5 +344,6 @@ LOGGING = {
         "httpx": {"level": "WARNING"},
         # One line per profile; mcp_endpoint.asgi says once that they all started.
         "mcp.server.streamable_http_manager": {"level": "WARNING"},
+        "django.security": {"handlers": ["callers_mistakes"], "propagate": False},
     },
 }

@@ -69,7 +69,7 @@ def test_only_users_allowed_to_change_tokens_may_revoke(db):
     assert client.get(ADD).status_code == 403
 
 
-READER = ["view_collection", "view_document", "view_source"]
+READER = ["view_collection", "view_document", "view_source", "view_syncrun"]
 
 
 def test_a_curator_hands_out_no_scope_beyond_their_own_permissions(db):

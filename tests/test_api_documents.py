@@ -132,6 +132,14 @@ def test_two_files_of_one_upload_with_one_name_keep_the_first_and_refuse_the_sec
     assert stored.raw_content == "Readme of the wing tools."
 
 
+def test_a_file_named_like_one_that_failed_is_stored(client, docs):
+    empty, second = io.BytesIO(b""), io.BytesIO(b"Readme of the tail tools.")
+    empty.name, second.name = "wing/readme.md", "tail/readme.md"
+    body = client.post("/api/collections/docs/uploads", {"files": [empty, second]}).json()
+    assert [item["outcome"] for item in body["items"]] == ["failed", "created"]
+    assert Document.objects.get(source_uri="upload://readme.md").raw_content == "Readme of the tail tools."
+
+
 def test_a_single_upload_that_fails_answers_with_its_error(client, docs):
     broken = io.BytesIO(b"{not json")
     broken.name = "broken.json"

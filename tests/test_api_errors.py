@@ -132,14 +132,16 @@ def test_an_escaped_nul_in_upload_metadata_is_400(client, files):
 
 def test_a_host_the_server_does_not_serve_is_400_and_one_warning_line(client):
     """Django logs it at ERROR with a traceback: the caller's mistake, not the server's."""
-    (server_log,) = [handler for handler in logging.getLogger().handlers if handler.get_name() == "stderr"]
-    written = io.StringIO()
-    kept = server_log.setStream(written)
+    handlers = [*logging.getLogger("django.security").handlers, *logging.getLogger().handlers]
+    server_log = [handler for handler in handlers if handler.get_name() in ("callers_mistakes", "stderr")]
+    written = [io.StringIO() for _ in server_log]
+    kept = [handler.setStream(stream) for handler, stream in zip(server_log, written, strict=True)]
     try:
         response = client.get("/api/collections", HTTP_HOST="evil.example")
     finally:
-        server_log.setStream(kept)
+        for handler, stream in zip(server_log, kept, strict=True):
+            handler.setStream(stream)
     assert error_of(response) == (400, "INVALID_ARGUMENT")
-    logged = written.getvalue()
-    assert "WARNING django.security.DisallowedHost: Invalid HTTP_HOST header: 'evil.example'" in logged
-    assert "Traceback" not in logged and " ERROR " not in logged
+    logged = "".join(stream.getvalue() for stream in written)
+    line = "WARNING django.security.DisallowedHost: Invalid HTTP_HOST header: 'evil.example'"
+    assert len(server_log) == 2 and logged.count(line) == 1 and logged.count("\n") == 1

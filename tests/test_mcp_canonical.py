@@ -13,6 +13,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from kb.access import FULL_ACCESS, Access
+from kb.models import Collection
 from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_create, collection_update
 from kb.services.documents import document_create_from_text
@@ -49,6 +50,11 @@ def data_uri(text: str, mime: str = "text/plain") -> str:
 
 def ingest(collection: str, text: str, **arguments) -> dict:
     return call_ok(SERVER, "rag_ingest", {"uri": data_uri(text), "collection": collection, **arguments})
+
+
+def compact_size(result: dict) -> int:
+    """What MCP_MAX_RESPONSE_CHARS counts: the structured result as compact JSON."""
+    return len(json.dumps(result, ensure_ascii=False, separators=(",", ":")))
 
 
 def now_ms() -> int:
@@ -334,7 +340,7 @@ def test_long_results_are_cut_visibly_to_the_response_budget(settings):
     settings.MCP_MAX_RESPONSE_CHARS = 2500
 
     found = call(SERVER, "rag_search", {"query": "turbulence eddies", "top_k": 6})
-    assert len(json.dumps(found.structured_content, ensure_ascii=False)) <= 2500
+    assert compact_size(found.structured_content) <= 2500
     output = found.structured_content
     assert output["truncated"] is True and output["total_results"] == len(output["results"]) > 1
     cut = [hit for hit in output["results"] if hit["content_truncated"]]
@@ -355,17 +361,18 @@ def test_listings_fit_the_response_budget_and_say_so(settings):
 
     listed = call(SERVER, "rag_list_collections")
     output = listed.structured_content
-    assert len(json.dumps(output, ensure_ascii=False)) <= 3000
+    assert compact_size(output) <= 3000
     assert (output["truncated"], output["total"]) == (True, 40) and 0 < len(output["collections"]) < 40
     assert [c["name"] for c in output["collections"]] == [f"shelf-{n:02}" for n in range(len(output["collections"]))]
     assert all(c["description"].endswith("more characters truncated]") for c in output["collections"])
 
+    # A resource in rag-mcp's shape has no room to say some were left out: every collection stays.
     resource = json.loads(in_memory(SERVER, lambda client: client.read_resource("rag://collections")).contents[0].text)
-    assert len(json.dumps(resource, ensure_ascii=False)) <= 3000 and 0 < len(resource) < 40
+    assert [c["name"] for c in resource] == [f"shelf-{n:02}" for n in range(40)]
     assert all(c["description"].endswith("more characters truncated]") for c in resource)
 
     page = call(SERVER, "rag_list_documents", {"collection": "shelf-00"}).structured_content
-    assert len(json.dumps(page, ensure_ascii=False)) <= 3000
+    assert compact_size(page) <= 3000
     assert page["truncated"] is True and page["count"] == len(page["documents"]) and 0 < page["count"] < 30
     following = call_ok(SERVER, "rag_list_documents", {"collection": "shelf-00", "offset": page["count"]})
     assert following["documents"][0]["source_uri"].endswith(f"note-{page['count']}")
@@ -374,6 +381,38 @@ def test_listings_fit_the_response_budget_and_say_so(settings):
     whole = call_ok(SERVER, "rag_list_collections")
     assert (whole["truncated"], len(whole["collections"])) == (False, 40)
     assert call_ok(SERVER, "rag_list_documents", {"collection": "shelf-00"})["truncated"] is False
+
+
+def test_short_texts_are_left_whole_and_no_page_is_empty(settings):
+    """A cut note is longer than a short description: cutting those had made every one of them a
+    note. A document whose summary alone passes the budget had made an empty page, and a client
+    paging on from offset + count asked for the same page forever."""
+    settings.MCP_MAX_RESPONSE_CHARS = 1000
+    for n in range(40):
+        collection_create(name=f"shelf-{n:02}", description=f"Shelf number {n}")
+    listed = call_ok(SERVER, "rag_list_collections")
+    assert listed["truncated"] is True and 0 < len(listed["collections"]) < 40
+    assert [c["description"] for c in listed["collections"]] == [
+        f"Shelf number {n}" for n in range(len(listed["collections"]))
+    ]
+
+    resource = json.loads(in_memory(SERVER, lambda client: client.read_resource("rag://collections")).contents[0].text)
+    assert [c["description"] for c in resource] == [f"Shelf number {n}" for n in range(40)]  # still over budget
+
+    notes = Collection.objects.get(name="shelf-01")
+    for name in ("big.txt", "bigger.txt"):
+        document_create_from_text(collection=notes, source_uri=name, text="Hinge moments.", metadata={"n": "m" * 5000})
+    hits = call_ok(SERVER, "rag_search", {"query": "hinge moments", "collection": "shelf-01", "mode": "keyword"})
+    assert (len(hits["results"]), hits["truncated"]) == (1, True)  # the best is over budget alone, but kept
+
+    long_uri = "https://example.org/" + "x" * 4000
+    for n in range(2):
+        document_create_from_text(
+            collection=Collection.objects.get(name="shelf-02"), source_uri=f"{long_uri}{n}", text="A note."
+        )
+    page = call_ok(SERVER, "rag_list_documents", {"collection": "shelf-02"})
+    assert (page["count"], page["truncated"]) == (2, True)
+    assert all(document["source_uri"].endswith("more characters truncated]") for document in page["documents"])
 
 
 def test_file_uris_are_read_under_the_configured_roots_only(settings, tmp_path):

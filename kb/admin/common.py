@@ -1,6 +1,5 @@
 """Pieces shared by the knowledge base's admin pages."""
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -150,13 +149,12 @@ class RecordAdmin(CuratedAdmin):
         return self.deletable and super().has_delete_permission(request, obj)
 
 
-@functools.cache
-def _admin_prefix() -> str:
-    return reverse("admin:index")
+def _posted_to_admin(request: HttpRequest) -> bool:
+    return request.method == "POST" and _in_admin(request)
 
 
 def _in_admin(request: HttpRequest) -> bool:
-    return request.path_info.startswith(_admin_prefix())
+    return request.path.startswith(reverse("admin:index"))  # both with the script prefix, if any
 
 
 def _nul_refusal(request: HttpRequest) -> HttpResponse | None:
@@ -164,14 +162,12 @@ def _nul_refusal(request: HttpRequest) -> HttpResponse | None:
     hold one, and Django's admin passed it on to a query: a 500 (DataError) on a dozen pages."""
     if not _in_admin(request):
         return None
-    forms = [request.GET, request.POST] if request.method == "POST" else [request.GET]
-    texts = [request.path_info, *(text for form in forms for key, values in form.lists() for text in (key, *values))]
+    forms = [request.GET, request.POST] if _posted_to_admin(request) else [request.GET]
+    texts = [request.path, *(text for form in forms for key, values in form.lists() for text in (key, *values))]
     if not any("\x00" in text for text in texts):
         return None
     return HttpResponseBadRequest("A NUL character cannot be part of an admin request.", content_type="text/plain")
 
 
 # A form's body (an upload's too) is parsed in a thread, as the admin's own views would parse it.
-refuse_nul_in_admin = request_middleware(
-    refuse=_nul_refusal, refuse_in_thread=lambda request: request.method == "POST" and _in_admin(request)
-)
+refuse_nul_in_admin = request_middleware(refuse=_nul_refusal, refuse_in_thread=_posted_to_admin)

@@ -35,10 +35,12 @@ def document_ingest_uploads(
         try:
             if "\x00" in filename:
                 raise KBError(ErrorCode.INVALID_ARGUMENT, "A file name must not contain NUL characters")
-            _check_unique(upload_name(filename), names)
+            name = upload_name(filename)
+            _check_unique(name, names)
             stored = document_ingest_upload(
                 collection=collection, filename=filename, data=upload, content_type=content_type, metadata=metadata
             )
+            names.add(name)  # stored: a later file of this name would replace it
         except KBError as error:
             report.items.append(IngestItem(source_uri=f"upload://{filename}", outcome="failed", error=error))
             continue
@@ -49,12 +51,11 @@ def document_ingest_uploads(
     return report
 
 
-def _check_unique(name: str, names: set[str]) -> None:
+def _check_unique(name: str, stored: set[str]) -> None:
     """Two files of one upload with one name would be one document, the second silently replacing
     the first (folders are not part of the name): the second is refused instead."""
-    if name in names:
+    if name in stored:
         raise KBError(
             ErrorCode.INVALID_ARGUMENT,
             f"Another file of this upload is named {name!r}: each file becomes upload://<its name>, names must differ",
         )
-    names.add(name)

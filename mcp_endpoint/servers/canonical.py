@@ -32,7 +32,7 @@ from kb.services.documents import document_delete
 from kb.services.embedding_pipeline import documents_embed_for_writer
 from kb.services.ingest import document_ingest
 from kb.services.sources import source_create, sync_start
-from mcp_endpoint.budget import drop_to_fit, fit_list, fit_texts
+from mcp_endpoint.budget import fit_list, fit_texts
 from mcp_endpoint.caller import current_access, current_caller
 from mcp_endpoint.servers import prompts, resources
 from mcp_endpoint.servers.rag_shapes import (
@@ -236,9 +236,9 @@ def rag_list_documents(
     documents = document_list(collection=collection_row, limit=limit, offset=offset, status=status)
     summaries = [document_summary(document) for document in documents]
     output = DocumentsOutput(
-        collection=collection, documents=summaries, count=0, offset=offset, limit=limit, truncated=False
+        collection=collection, documents=summaries, count=len(summaries), offset=offset, limit=limit, truncated=False
     )
-    output["truncated"] = drop_to_fit(summaries, output)
+    output["truncated"] = fit_list(summaries, "source_uri", envelope=output)
     output["count"] = len(summaries)
     return output
 

@@ -14,7 +14,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from kb.errors import ErrorCode, KBError
 from kb.selectors.collections import collection_list
 from kb.selectors.documents import document_chunks, document_list
-from mcp_endpoint.budget import drop_to_fit, fit_list, fit_texts
+from mcp_endpoint.budget import drop_to_fit, fit_texts
 from mcp_endpoint.caller import current_access
 from mcp_endpoint.servers.rag_shapes import collection_settings, document_detail, millis
 from mcp_endpoint.tooling import in_thread
@@ -41,8 +41,9 @@ def json_resource(fn: Callable[P, Any]) -> Callable[P, Awaitable[str]]:
 
 @json_resource
 def all_collections() -> list[dict[str, Any]]:
-    """Past the response budget, descriptions are cut visibly and the last collections left out
-    (the list's shape is rag-mcp's, with no room for a flag; rag_list_collections has one)."""
+    """Past the response budget, descriptions are cut visibly; every collection stays listed (a
+    client looking one up by name must find it; the list's shape is rag-mcp's, with no room for a
+    flag saying some were left out)."""
     access = current_access()
     access.require("read")
     collections = [
@@ -57,7 +58,7 @@ def all_collections() -> list[dict[str, Any]]:
         for collection in collection_list()
         if access.can_see(collection.name)
     ]
-    fit_list(collections, "description")
+    fit_texts(collections, [(collection, "description") for collection in collections])
     return collections
 
 

@@ -21,7 +21,7 @@ from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
 from kb.services.embedding_pipeline import documents_embed_for_writer
 from kb.services.ingest import document_ingest
-from mcp_endpoint.budget import drop_to_fit, fit_list
+from mcp_endpoint.budget import fit_list
 from mcp_endpoint.caller import current_access
 from mcp_endpoint.tooling import (
     CREATING,
@@ -42,6 +42,11 @@ Confirm = Annotated[bool, Strict(), Field(description="Must be true to delete")]
 
 def json_text(payload: Any) -> str:
     return json.dumps(payload, indent=2, ensure_ascii=False, default=str)
+
+
+def text_size(payload: Any) -> int:
+    """What the response budget counts of a tool answering in JSON text: the text sent."""
+    return len(json_text(payload))
 
 
 def visible_collection(collection_id: str) -> Collection:
@@ -105,7 +110,7 @@ def search_rag(
         for result in response.results
     ]
     payload = {"query": response.query, "collectionId": str(collection.uuid), "results": results}
-    fit_list(results, "content", envelope=payload)
+    fit_list(results, "content", envelope=payload, measure=text_size)
     return json_text(payload)
 
 
@@ -115,7 +120,7 @@ def list_collections() -> str:
     access = current_access()
     collections = [collection_json(c, c.document_total) for c in collection_list() if access.can_see(c.name)]
     payload = {"collections": collections, "truncated": False}
-    payload["truncated"] = fit_list(collections, "description", envelope=payload)
+    payload["truncated"] = fit_list(collections, "description", envelope=payload, measure=text_size)
     return json_text(payload)
 
 
@@ -124,8 +129,9 @@ def list_documents(collection_id: CollectionId) -> str:
     """Lists all documents within a given collection."""
     collection = visible_collection(collection_id)
     documents = [document_json(d) for d in document_list(collection=collection, limit=MAX_PAGE_SIZE)]
-    payload = {"collection_id": collection_id, "documents": documents, "truncated": len(documents) == MAX_PAGE_SIZE}
-    payload["truncated"] = drop_to_fit(documents, payload) or payload["truncated"]
+    full_page = len(documents) == MAX_PAGE_SIZE
+    payload = {"collection_id": collection_id, "documents": documents, "truncated": full_page}
+    payload["truncated"] = fit_list(documents, "source_url", envelope=payload, measure=text_size) or full_page
     return json_text(payload)
 
 

@@ -169,7 +169,7 @@ def test_a_curator_deleting_a_read_tokens_collection_does_not_open_the_others(se
     async def run() -> None:
         async with http_session(f"{server_url}/mcp", headers=bearer(raw)) as session:
             listed = structured(await session.call_tool("rag_list_collections", {}))
-            assert listed == {"collections": [], "total": 0}
+            assert listed == {"collections": [], "total": 0, "truncated": False}
             searched = await session.call_tool("rag_search", {"query": "plans", "collection": "private"})
             assert error_of(searched)["code"] == "COLLECTION_NOT_FOUND"
             everywhere = structured(await session.call_tool("rag_search", {"query": "private plans"}))
