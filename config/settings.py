@@ -214,6 +214,9 @@ KB_SYNC_TICK_SECONDS = env_int("KB_SYNC_TICK_SECONDS", 30, minimum=1)
 KB_SYNC_LEASE_SECONDS = env_int("KB_SYNC_LEASE_SECONDS", 60, minimum=5)
 # Most URLs one source may follow (its list and its sitemap's together).
 KB_SOURCE_MAX_URLS = env_int("KB_SOURCE_MAX_URLS", 1000, minimum=1, maximum=100_000)
+# Sitemaps of a sitemap index that a sync reads, each a fetch of up to KB_FETCH_TIMEOUT_SECONDS; an
+# index that lists more fails its run (a scan that left some out removes nothing).
+KB_SOURCE_MAX_SITEMAPS = env_int("KB_SOURCE_MAX_SITEMAPS", 20, minimum=1, maximum=1000)
 # A worker renews its heartbeat row this often; /health counts it alive for three periods.
 KB_WORKER_HEARTBEAT_SECONDS = env_int("KB_WORKER_HEARTBEAT_SECONDS", 5, minimum=1)
 # Files refused by uploads and folder ingests that the dashboard keeps (the newest).

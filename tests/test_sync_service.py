@@ -725,7 +725,7 @@ def test_saving_urls_asks_no_dns_and_a_fetch_judges_the_name(collection, setting
     assert run.failures[0]["code"] == "LOAD_FAILED" and "Cannot resolve" in run.failures[0]["message"]
 
 
-def test_a_sitemap_index_is_read_up_to_its_first_twenty_sitemaps(collection, site):
+def test_a_sitemap_index_is_read_up_to_its_first_twenty_sitemaps_or_the_setting(collection, site, settings):
     nested = []
     for number in range(25):
         site.page(f"/p{number}", f"Page number {number}.")
@@ -739,11 +739,16 @@ def test_a_sitemap_index_is_read_up_to_its_first_twenty_sitemaps(collection, sit
     source = source_create(collection=collection, name="indexed", sitemap_url=index)
     run = sync(source)
     assert counts(run) == expected(added=20, total=20)
-    assert run.error == "The sitemap index lists 25 sitemaps; only the first 20 were read; nothing was removed"
+    assert run.error == (
+        "The sitemap index lists 25 sitemaps; only the first 20 were read (KB_SOURCE_MAX_SITEMAPS); nothing was removed"
+    )
     assert uris(collection) == {site.url(f"/p{number}") for number in range(20)}
     assert sorted(path for path in site.requested if path.startswith("/sitemap-")) == sorted(
         f"/sitemap-{number}.xml" for number in range(20)
     )
+    settings.KB_SOURCE_MAX_SITEMAPS = 25  # a bigger site: its operator raises the setting
+    again = sync(source)
+    assert (counts(again), again.error) == (expected(added=5, unchanged=20, total=25), "")
 
 
 def test_a_sitemap_index_inside_a_sitemap_index_is_reported_and_nothing_is_removed(collection, site):

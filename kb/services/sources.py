@@ -63,8 +63,6 @@ MAX_GLOBS = 50
 MAX_GLOB_LENGTH = 200
 MAX_INTERVAL_MINUTES = 525_600  # a year
 FAILURES_KEPT = 100
-# Sitemaps of a sitemap index that are read: each is a fetch of up to KB_FETCH_TIMEOUT_SECONDS.
-MAX_NESTED_SITEMAPS = 20
 # A running run writes its counts and renews its lease at most this often.
 PROGRESS_SECONDS = 0.5
 
@@ -547,7 +545,7 @@ SITEMAP_NAMESPACE = "{http://www.sitemaps.org/schemas/sitemap/0.9}"
 
 def sitemap_urls(url: str) -> tuple[list[str], list[str]]:
     """The http(s) page URLs of a sitemap (``<urlset>``), or of the sitemaps a sitemap index lists
-    (the first MAX_NESTED_SITEMAPS, one level deep), at most KB_SOURCE_MAX_URLS + 1 of them; and
+    (the first KB_SOURCE_MAX_SITEMAPS, one level deep), at most KB_SOURCE_MAX_URLS + 1 of them; and
     what was left unread (a scan that left something out removes nothing). Fetched with
     ingestion's guards; parsed without entities, DTDs or network access."""
     limit = settings.KB_SOURCE_MAX_URLS + 1
@@ -555,10 +553,11 @@ def sitemap_urls(url: str) -> tuple[list[str], list[str]]:
     if kind != "sitemapindex":
         return locations[:limit], []
     pages: list[str] = []
-    problems = [] if len(locations) <= MAX_NESTED_SITEMAPS else [
-        f"The sitemap index lists {len(locations)} sitemaps; only the first {MAX_NESTED_SITEMAPS} were read"
+    most = settings.KB_SOURCE_MAX_SITEMAPS
+    problems = [] if len(locations) <= most else [
+        f"The sitemap index lists {len(locations)} sitemaps; only the first {most} were read (KB_SOURCE_MAX_SITEMAPS)"
     ]  # fmt: skip
-    for nested in locations[:MAX_NESTED_SITEMAPS]:
+    for nested in locations[:most]:
         if len(pages) >= limit:
             break
         nested_kind, nested_pages = _sitemap_locations(nested)
