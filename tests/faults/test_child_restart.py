@@ -25,14 +25,22 @@ def call(method: str, url: str, body: dict | None = None) -> dict:
         return json.loads(response.read())
 
 
+def children_with(launcher_pid: int, *words: str, without: str | None = None) -> list[psutil.Process]:
+    """The launcher's direct children whose command lines hold every word (not their pool processes).
+    A child between its fork and its exec still has the launcher's command line: not counted yet."""
+    found = []
+    for child in psutil.Process(launcher_pid).children():
+        try:
+            command = " ".join(child.cmdline())
+        except psutil.Error:  # gone, or a zombie, while we looked
+            continue
+        if all(word in command for word in words) and (without is None or without not in command):
+            found.append(child)
+    return found
+
+
 def leader(launcher_pid: int, *words: str, without: str | None = None) -> psutil.Process:
-    """The launcher's direct child whose command line holds every word (not its pool processes)."""
-    found = [
-        child
-        for child in psutil.Process(launcher_pid).children()
-        if all(word in " ".join(child.cmdline()) for word in words)
-        and (without is None or without not in " ".join(child.cmdline()))
-    ]
+    found = children_with(launcher_pid, *words, without=without)
     assert len(found) == 1, [" ".join(child.cmdline()) for child in found]
     return found[0]
 
@@ -62,6 +70,11 @@ def test_a_killed_worker_and_web_server_are_started_again(tmp_path):
             lambda: not any(process.is_running() and process.status() != psutil.STATUS_ZOMBIE for process in pool),
             timeout=10,
             what="the dead worker's pool process to go",
+        )
+        wait_for(
+            lambda: len(children_with(launcher.process.pid, "celery", "worker", without="interactive")) == 1,
+            timeout=30,
+            what="the new worker's process",
         )
         new_worker = leader(launcher.process.pid, "celery", "worker", without="interactive")
         assert new_worker.pid != worker.pid
