@@ -380,6 +380,30 @@ def test_documents_ingested_by_other_means_are_never_removed_by_a_sync(roots, co
     assert Document.objects.get(pk=note.document.pk).raw_content == "A note to keep."
 
 
+def test_a_document_that_was_there_before_the_source_found_it_is_updated_but_never_removed(roots, collection, site):
+    """An attack helper allowed only to edit sources synced a folder holding a hand-ingested file
+    ("unchanged", yet recorded as the source's), then excluded it: the next sync deleted it."""
+    folder = roots / "docs"
+    write(folder, "a.md", "policy.md")
+    document_ingest(collection=collection, uri=str(folder / "policy.md"), file_roots=[roots])
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    assert counts(sync(source)) == expected(added=1, unchanged=1, total=2)
+    assert item_uris(source) == file_uris(folder, "a.md")
+    (folder / "policy.md").write_text("# policy.md\n\nRevised.\n")
+    assert counts(sync(source)) == expected(updated=1, unchanged=1, total=2)
+    source_update(source=source, exclude=["policy.md"])
+    assert counts(sync(source)) == expected(unchanged=1, total=1)
+    assert uris(collection) == file_uris(folder, "a.md", "policy.md")
+
+    page = site.page("/handbook", "The handbook.")
+    document_ingest(collection=collection, uri=page, file_roots=[])
+    pages = source_create(collection=collection, name="pages", urls=[page])
+    assert counts(sync(pages)) == expected(unchanged=1, total=1)
+    source_update(source=pages, urls=[site.page("/other", "Another page.")])
+    assert counts(sync(pages)) == expected(added=1, total=1)
+    assert page in uris(collection)
+
+
 def test_links_are_judged_by_where_they_lead(roots, collection):
     folder = roots / "docs"
     write(folder, "a.md", "drafts/secret.md")

@@ -4,8 +4,9 @@ A sync compares every file (or URL) with what the collection holds: new and chan
 ingested, identical ones cost a read and a hash (a URL a conditional GET), and the documents of
 files that are gone are removed, but only after a scan that completed: a folder that cannot be
 listed, a subdirectory that cannot be read or a sitemap that cannot be fetched removes nothing.
-What a source brought in is remembered (``SourceItem``), so documents ingested into the same
-collection by other means are never removed by it.
+What a source brought in, the documents its syncs created, is remembered (``SourceItem``), so
+documents that were in the collection before it found them (ingested by other means, or by
+another source) are updated by it but never removed.
 
 Runs are rows (``SyncRun``): the database allows one queued or running run per source, a running
 run renews a lease, and each worker's sync step (config.celery) gives up runs whose lease
@@ -514,6 +515,11 @@ def _ingest(source: Source, loaded: LoadedSource, items: dict[str, SourceItem], 
         return
     progress.count(OUTCOME_COUNTERS[stored.outcome])
     item = items.get(loaded.source_uri)
+    if item is None and stored.outcome != "created":
+        # A document that was there before the source found it (ingested by hand, by an agent,
+        # by another source) is updated but never the source's: its removal is not the source's
+        # to decide. A curator allowed only to edit sources had deleted others' documents so.
+        return
     if item is None:
         items[loaded.source_uri] = SourceItem.objects.create(
             source=source, uri=loaded.source_uri, etag=loaded.etag, last_modified=loaded.last_modified
