@@ -326,16 +326,22 @@ KB_REQUIRE_AUTH = env_bool("KB_REQUIRE_AUTH", False) or KB_HOST not in ("127.0.0
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "callers_mistakes": {
+            "()": "kb.logs.TracebacksForErrorsOnly",
+            "format": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        },
+    },
     # stderr only: the stdio MCP transport owns stdout.
     "filters": {"callers_mistakes": {"()": "kb.logs.CallersMistakesAsWarnings"}},
     "handlers": {
         "stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "plain"},
-        # Requests Django refuses as suspicious: a handler of their own (see kb.logs).
+        # Requests Django refused: a handler of their own (see kb.logs).
         "callers_mistakes": {
             "class": "logging.StreamHandler",
             "stream": "ext://sys.stderr",
-            "formatter": "plain",
+            "formatter": "callers_mistakes",
             "filters": ["callers_mistakes"],
         },
     },
@@ -348,5 +354,6 @@ LOGGING = {
         # One line per profile; mcp_endpoint.asgi says once that they all started.
         "mcp.server.streamable_http_manager": {"level": "WARNING"},
         "django.security": {"handlers": ["callers_mistakes"], "propagate": False},
+        "django.request": {"handlers": ["callers_mistakes"], "propagate": False},
     },
 }

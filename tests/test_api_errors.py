@@ -2,16 +2,20 @@
 
 import io
 import logging
+from collections.abc import Callable
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
+from django.http import HttpResponse
 from django.test import Client
+from django.urls import reverse
 
 from kb.errors import HTTP_STATUS, ErrorCode, KBError
 from kb.models import Collection, Document
 from kb.services.collections import collection_create
 from kb.services.uploads import document_ingest_uploads
+from tests.support.admin_data import staff_client
 from tests.support.api_helpers import error_of, post
 
 pytestmark = pytest.mark.django_db
@@ -130,18 +134,44 @@ def test_an_escaped_nul_in_upload_metadata_is_400(client, files):
     assert not Document.objects.exists()
 
 
+def server_log_of(request: Callable[[], HttpResponse]) -> tuple[HttpResponse, str]:
+    """A request's answer and what the server's log handlers wrote meanwhile."""
+    names = ("stderr", "callers_mistakes")
+    loggers = [logging.getLogger(name) for name in ("", "django.security", "django.request")]
+    server_log = {handler for logger in loggers for handler in logger.handlers if handler.get_name() in names}
+    assert {handler.get_name() for handler in server_log} == set(names)
+    written = {handler: io.StringIO() for handler in server_log}
+    kept = {handler: handler.setStream(stream) for handler, stream in written.items()}
+    try:
+        response = request()
+    finally:
+        for handler, stream in kept.items():
+            handler.setStream(stream)
+    return response, "".join(stream.getvalue() for stream in written.values())
+
+
 def test_a_host_the_server_does_not_serve_is_400_and_one_warning_line(client):
     """Django logs it at ERROR with a traceback: the caller's mistake, not the server's."""
-    handlers = [*logging.getLogger("django.security").handlers, *logging.getLogger().handlers]
-    server_log = [handler for handler in handlers if handler.get_name() in ("callers_mistakes", "stderr")]
-    written = [io.StringIO() for _ in server_log]
-    kept = [handler.setStream(stream) for handler, stream in zip(server_log, written, strict=True)]
-    try:
-        response = client.get("/api/collections", HTTP_HOST="evil.example")
-    finally:
-        for handler, stream in zip(server_log, kept, strict=True):
-            handler.setStream(stream)
+    response, logged = server_log_of(lambda: client.get("/api/collections", HTTP_HOST="evil.example"))
     assert error_of(response) == (400, "INVALID_ARGUMENT")
-    logged = "".join(stream.getvalue() for stream in written)
     line = "WARNING django.security.DisallowedHost: Invalid HTTP_HOST header: 'evil.example'"
-    assert len(server_log) == 2 and logged.count(line) == 1 and logged.count("\n") == 1
+    assert logged.count(line) == 1 and logged.count("\n") == 1
+
+
+def test_a_refused_admin_request_is_one_warning_line(db):
+    """A 403 had written its PermissionDenied traceback, 51 lines, for every refused click."""
+    viewer = staff_client("viewer", ["view_collection"])
+    response, logged = server_log_of(lambda: viewer.get(reverse("admin:kb_collection_add")))
+    assert response.status_code == 403
+    assert logged.startswith("20") and "WARNING django.request: Forbidden (Permission denied)" in logged
+    assert logged.count("\n") == 1
+
+
+def test_a_file_that_cannot_be_read_is_502_and_one_warning_line(client):
+    """LOAD_FAILED is 502 in rag-mcp's table, which Django logged at ERROR: the file was at fault."""
+    collection_create(name="docs")
+    body = {"uri": "data:application/json,{not json"}
+    response, logged = server_log_of(lambda: post(client, "/api/collections/docs/documents", body))
+    assert error_of(response) == (502, "LOAD_FAILED")
+    assert "WARNING django.request: Bad Gateway: /api/collections/docs/documents" in logged
+    assert logged.count("\n") == 1

@@ -3,7 +3,6 @@ the search playground (a chunk is what a search returns)."""
 
 from typing import Any
 
-from django.conf import settings
 from django.contrib import admin
 from django.contrib.postgres.search import SearchQuery
 from django.db import DatabaseError, connection, transaction
@@ -57,7 +56,7 @@ class ChunkAdmin(CuratedAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Chunk], search_term: str
     ) -> tuple[QuerySet[Chunk], bool]:
-        term = search_term.strip()[: settings.KB_MAX_QUERY_CHARS]
+        term = search_term.strip()  # cut to a few words by CuratedAdmin.changelist_view
         if not term:
             return queryset, False
         return queryset.filter(search_vector=SearchQuery(term, config="english", search_type=_syntax(term))), False
