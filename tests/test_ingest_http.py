@@ -48,6 +48,14 @@ def test_addresses_that_are_not_public_are_refused(collection, url):
     fails_with(collection, url, ErrorCode.INVALID_URI, "not a public address")
 
 
+def test_a_refused_name_does_not_say_where_it_resolves(collection):
+    """Saying it mapped the intranet's names to their addresses for any caller allowed to ingest."""
+    fails_with(collection, "http://localhost/x", ErrorCode.INVALID_URI, "localhost is not a public address")
+    with pytest.raises(KBError) as refused:
+        ingest(collection, "http://localhost/x")
+    assert "127.0.0.1" not in refused.value.message and "::1" not in refused.value.message
+
+
 def test_an_allowed_intranet_host_is_fetched_with_its_type_detected(collection, settings):
     routes = {"/guide.md": text(MARKDOWN, "text/markdown"), "/notes": text(HTML, "text/html; charset=utf-8")}
     with serve(routes) as base:

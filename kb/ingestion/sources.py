@@ -391,9 +391,10 @@ def _checked_target(url: str, *, malformed: ErrorCode) -> _Target:
     addresses = [info[4][0] for info in infos]
     for address in addresses:
         if not _address_allowed(host, ipaddress.ip_address(address.split("%")[0])):
+            # The address a name resolves to is not said: that would map the intranet for a caller.
             raise KBError(
                 ErrorCode.INVALID_URI,
-                f"{host} resolves to {address}, which is not a public address; refusing to fetch it "
+                f"{host} is not a public address; refusing to fetch it "
                 "(allow intranet hosts with KB_FETCH_ALLOWED_PRIVATE_HOSTS)",
             )
     return _Target(host=host, port=port, address=addresses[0])
