@@ -122,6 +122,10 @@ class DocumentStatus(models.TextChoices):
 DocumentStatusName = Literal[tuple(DocumentStatus.values)]  # type: ignore[valid-type]
 
 
+# A document's source URI (and so any URL a source follows) is at most this long.
+SOURCE_URI_MAX_LENGTH = 4096
+
+
 class Document(models.Model):
     id = models.CharField(primary_key=True, max_length=26, default=new_ulid, editable=False)
     collection = models.ForeignKey(

@@ -796,6 +796,10 @@ def test_a_sitemap_index_inside_a_sitemap_index_is_reported_and_nothing_is_remov
 def test_only_http_urls_are_followed(collection):
     refused(ErrorCode.INVALID_URI, collection=collection, name="x", urls=["file:///etc/passwd"])
     refused(ErrorCode.INVALID_URI, collection=collection, name="x", urls=["ftp://example.org/a"])
+    too_long = "https://example.org/" + "a" * 4077  # 4,097 characters: no document could hold it
+    for fields in ({"urls": [too_long]}, {"sitemap_url": too_long}):
+        assert "at most 4096" in refused(ErrorCode.INVALID_URI, collection=collection, name="x", **fields)
+    assert source_create(collection=collection, name="x", urls=[too_long[:-1]]).urls == [too_long[:-1]]
 
 
 def test_source_fields_are_checked(roots, collection, settings):

@@ -33,6 +33,7 @@ from django.conf import settings
 
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import supported_extension
+from kb.models import SOURCE_URI_MAX_LENGTH
 from kb.storable import storable_text
 
 if TYPE_CHECKING:
@@ -339,6 +340,8 @@ def check_url(url: str) -> None:
     """Refuse now, without asking DNS, what fetching ``url`` would surely refuse: a malformed URL, a
     scheme other than http(s), a private IP literal or ``localhost``. A host name is judged when a
     fetch resolves it (DNS answers change), so saving a list of URLs costs no lookups."""
+    if len(url) > SOURCE_URI_MAX_LENGTH:
+        raise KBError(ErrorCode.INVALID_URI, f"A URL is at most {SOURCE_URI_MAX_LENGTH} characters long")
     host, _port = _parsed_host(url, malformed=ErrorCode.INVALID_URI)
     name = host.lower().rstrip(".")
     literal = "127.0.0.1" if name == "localhost" or name.endswith(".localhost") else name

@@ -18,13 +18,12 @@ from django.utils import timezone
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.chunking import ChunkDraft, ChunkSettings, chunk_text, content_hash, count_tokens
 from kb.ingestion.formats import ParsedDocument, validate_content_type
-from kb.models import Chunk, Collection, Document, DocumentStatus
+from kb.models import SOURCE_URI_MAX_LENGTH, Chunk, Collection, Document, DocumentStatus
 from kb.storable import check_json_size, check_storable
 from kb.task_queue import enqueue_embedding
 from kb.work_lanes import is_interactive
 
 Outcome = Literal["created", "updated", "unchanged"]
-MAX_SOURCE_URI_LENGTH = 4096
 
 
 @dataclass(frozen=True)
@@ -234,8 +233,8 @@ def _validate_source_uri(source_uri: str) -> None:
     if not source_uri or not source_uri.strip():
         raise KBError(ErrorCode.INVALID_URI, "The source URI is empty")
     check_storable(source_uri, what="source URI")
-    if len(source_uri) > MAX_SOURCE_URI_LENGTH:
-        raise KBError(ErrorCode.INVALID_URI, f"The source URI is longer than {MAX_SOURCE_URI_LENGTH} characters")
+    if len(source_uri) > SOURCE_URI_MAX_LENGTH:
+        raise KBError(ErrorCode.INVALID_URI, f"The source URI is longer than {SOURCE_URI_MAX_LENGTH} characters")
 
 
 def _check_chunk_sizes(drafts: Sequence[ChunkDraft]) -> None:
