@@ -1,10 +1,14 @@
+from datetime import timedelta
+
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Document, DocumentStatus, Embedding
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_create_from_text, document_delete
+from kb.services.embedding_pipeline import document_claim, documents_needing_embedding
 
 TEXT = "# Wings\n\nLift comes from pressure differences.\n\n## Drag\n\nDrag grows with speed.\n"
 
@@ -102,3 +106,18 @@ def test_empty_text_is_an_invalid_argument(db):
         document_create_from_text(collection=collection, source_uri="note://empty", text="  \n ")
     assert error.value.code == ErrorCode.INVALID_ARGUMENT
     assert not Document.objects.exists()
+
+
+@pytest.mark.parametrize("lease", [timedelta(seconds=-1), None], ids=["expired", "none"])
+def test_a_dead_worker_s_document_is_sent_again_once_and_claimable_at_once(db, lease):
+    """Its document had been sent again by every sweep (every 4 s, by every worker) until a message
+    was consumed, and one left processing without a lease by every sweep forever."""
+    stored = document_create_from_text(collection=collection_create(name="docs"), source_uri="note://a", text=TEXT)
+    doc_id = stored.document.pk
+    expires = None if lease is None else timezone.now() + lease
+    Document.objects.filter(pk=doc_id).update(status=DocumentStatus.PROCESSING, lease_expires_at=expires)
+    assert documents_needing_embedding() == [doc_id]
+    assert documents_needing_embedding() == []  # the message just sent is enough
+    assert Document.objects.get(pk=doc_id).status == DocumentStatus.PENDING
+    assert document_claim(doc_id=doc_id)
+    assert Document.objects.get(pk=doc_id).status == DocumentStatus.PROCESSING

@@ -232,7 +232,11 @@ def document_fail(*, doc_id: str, error: KBError) -> None:
 def documents_needing_embedding(*, limit: int = 1000) -> list[str]:
     """Pending or processing documents whose message was lost or whose worker died.
 
-    Their requeue deadline is pushed forward so that one sweep sends one message each.
+    They are pending again (a dead worker's document is nobody's: any worker may claim it at
+    once) with their requeue deadline pushed forward, so that one sweep sends one message each.
+    Pushed for pending documents only, a dead worker's document had been sent again by every
+    sweep of every worker until one was consumed, and one left processing without a lease
+    (which no claim takes) forever.
     """
     now = timezone.now()
     stale = Q(status__in=[DocumentStatus.PENDING, DocumentStatus.PROCESSING]) & (
@@ -245,8 +249,8 @@ def documents_needing_embedding(*, limit: int = 1000) -> list[str]:
             .order_by("updated_at")
             .values_list("id", flat=True)[:limit]
         )
-        Document.objects.filter(pk__in=ids, status=DocumentStatus.PENDING).update(
-            lease_expires_at=pending_requeue_deadline()
+        Document.objects.filter(pk__in=ids).update(
+            status=DocumentStatus.PENDING, lease_expires_at=pending_requeue_deadline()
         )
     return ids
 
