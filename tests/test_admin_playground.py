@@ -138,6 +138,17 @@ def test_highlighting_escapes_the_chunk_text(admin_client):
     assert "<script>alert(1)" not in page
 
 
+def test_a_long_chunk_shows_its_beginning_highlighted(admin_client):
+    """A page of a hundred 8,192-token chunks, shown whole, had been 11 MB."""
+    collection = make_collection("handbook", chunk_max_tokens=8192)
+    add_text(
+        collection, "note://long", "Turbulence at the start. " + "Calm flow again. " * 2000 + "Turbulence at the end.\n"
+    )
+    page = admin_client.get(PLAYGROUND, {"q": "turbulence", "mode": "keyword"}).content.decode()
+    assert "<mark>Turbulence</mark> at the start." in page and "at the end" not in page
+    assert "more characters]" in page and len(page) < 60_000
+
+
 def test_the_playground_needs_the_chunk_view_permission(db):
     assert staff_client("nobody", []).get(PLAYGROUND).status_code == 403
     assert staff_client("viewer", ["view_chunk"]).get(PLAYGROUND).status_code == 200
