@@ -87,6 +87,7 @@ def run_each(
 
 
 SEARCH_MAX_WORDS, SEARCH_MAX_CHARS = 10, 200
+ACTION_MAX_ROWS = 1000
 
 
 class CuratedAdmin(admin.ModelAdmin):
@@ -150,14 +151,25 @@ class CuratedAdmin(admin.ModelAdmin):
         return field in offered and rest in shapes and super().lookup_allowed(lookup, value, request)
 
     def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponseBase | None:
+        """An action runs in the request: on at most ACTION_MAX_ROWS rows (re-ingesting 9,000
+        documents at once had taken 71 s), and only on rows that can exist."""
         primary_key = self.model._meta.pk
+        selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
         try:
-            for selected in request.POST.getlist(ACTION_CHECKBOX_NAME):
-                primary_key.to_python(selected)
+            for value in selected:
+                primary_key.to_python(value)
         except ValidationError:
-            self.message_user(request, "The selection names rows that cannot exist.", messages.ERROR)
-            return HttpResponseRedirect(request.get_full_path())
+            return self._refused_action(request, "The selection names rows that cannot exist.")
+        across = request.POST.get("select_across", "0") == "1"
+        if (queryset.count() if across else len(selected)) > ACTION_MAX_ROWS:
+            return self._refused_action(
+                request, f"An action takes at most {ACTION_MAX_ROWS:,} rows at a time: filter the list, then select."
+            )
         return super().response_action(request, queryset)
+
+    def _refused_action(self, request: HttpRequest, message: str) -> HttpResponseBase:
+        self.message_user(request, message, messages.ERROR)
+        return HttpResponseRedirect(request.get_full_path())
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, set[str], Any]:
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
