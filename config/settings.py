@@ -219,6 +219,9 @@ KB_SOURCE_MAX_URLS = env_int("KB_SOURCE_MAX_URLS", 1000, minimum=1, maximum=100_
 KB_SOURCE_MAX_SITEMAPS = env_int("KB_SOURCE_MAX_SITEMAPS", 20, minimum=1, maximum=1000)
 # A worker renews its heartbeat row this often; /health counts it alive for three periods.
 KB_WORKER_HEARTBEAT_SECONDS = env_int("KB_WORKER_HEARTBEAT_SECONDS", 5, minimum=1)
+# Files a folder ingested by a request (REST, MCP, admin) may hold: the request reads them all
+# before it answers. Bigger folders: a source (synced in the background) or kb_ingest.
+KB_INGEST_MAX_FILES = env_int("KB_INGEST_MAX_FILES", 1000, minimum=1, maximum=1_000_000)
 # Files refused by uploads and folder ingests that the dashboard keeps (the newest).
 KB_REFUSALS_KEPT = env_int("KB_REFUSALS_KEPT", 1000, minimum=1)
 # A document whose embedding lease has not been renewed for this long is taken over by another worker.

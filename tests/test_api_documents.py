@@ -72,6 +72,19 @@ def test_a_folder_ingested_without_recursion_skips_its_subfolders(client, docs, 
     assert len(flat.json()["items"]) == 7  # src/ with its two files is skipped
 
 
+def test_a_folder_of_more_files_than_a_request_may_read_is_refused_before_any_is_read(client, docs, tmp_path, settings):
+    settings.KB_FILE_ROOTS = [str(tmp_path)]
+    write_mixed_folder(tmp_path / "docs")  # 8 files, 2 of them in src/
+    settings.KB_INGEST_MAX_FILES = 7
+    response = post(client, "/api/collections/docs/documents", {"uri": (tmp_path / "docs").as_uri()})
+    assert (
+        error_of(response) == (400, "INVALID_ARGUMENT") and "KB_INGEST_MAX_FILES" in response.json()["error"]["message"]
+    )
+    assert not Document.objects.exists()
+    flat = post(client, "/api/collections/docs/documents", {"uri": (tmp_path / "docs").as_uri(), "recursive": False})
+    assert flat.status_code == 200 and Document.objects.count() == 6
+
+
 def test_files_outside_the_roots_are_400_invalid_uri(client, docs, tmp_path, settings):
     settings.KB_FILE_ROOTS = []
     (tmp_path / "secret.txt").write_text("secret")

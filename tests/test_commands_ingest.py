@@ -38,7 +38,8 @@ def workdir(tmp_path, monkeypatch, settings):
     return tmp_path
 
 
-def test_it_ingests_a_folder_of_mixed_files_with_a_summary(workdir):
+def test_it_ingests_a_folder_of_mixed_files_with_a_summary(workdir, settings):
+    settings.KB_INGEST_MAX_FILES = 1  # a request's limit: the operator's command reads every file
     out, _ = ingest("./docs", "--collection", "docs", "--create", "--recursive")
     assert "Collection docs: 8 created\n" in out
     assert Document.objects.filter(collection__name="docs").count() == 8

@@ -5,6 +5,7 @@ caller-made chunks become documents: loaded, recognised, parsed and chunked here
 request; embedded later by the Celery worker.
 """
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from kb.ingestion.sources import (
     load_data_uri,
     load_file,
     source_hash,
+    walk_folder,
 )
 from kb.models import Collection, Document, IngestRefusal
 from kb.selectors.documents import document_get
@@ -117,8 +119,12 @@ def document_ingest(
     recursive: bool = True,
     force: bool = False,
     on_item: Callable[[IngestItem], None] | None = None,
+    whole_folder: bool = False,
 ) -> IngestReport:
-    """Ingest what ``uri`` names. A single source raises its error; a directory reports each file."""
+    """Ingest what ``uri`` names. A single source raises its error; a directory reports each file.
+
+    A request must end: a folder of more than KB_INGEST_MAX_FILES files is refused before any is
+    read, unless ``whole_folder`` (the operator's kb_ingest, which shows its progress)."""
     uri = (uri or "").strip()
     check_metadata(metadata)
     options = {"content_type": content_type, "metadata": metadata, "title": title, "force": force}
@@ -129,6 +135,8 @@ def document_ingest(
     elif uri and is_local_path_uri(uri):
         path = confine(file_path_of(uri), file_roots)  # resolved and checked once
         if path.is_dir():
+            if not whole_folder:
+                _check_folder_size(path, recursive=recursive)
             with bulk_work():
                 return _ingest_many(
                     collection, iter_files(path, roots=file_roots, recursive=recursive), options, on_item
@@ -146,6 +154,16 @@ def document_ingest(
         if on_item:
             on_item(report.items[-1])
     return report
+
+
+def _check_folder_size(folder: Path, *, recursive: bool) -> None:
+    most = settings.KB_INGEST_MAX_FILES
+    if sum(1 for _ in itertools.islice(walk_folder(folder, recursive=recursive), most + 1)) > most:
+        raise KBError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"{folder} holds more than {most} files (KB_INGEST_MAX_FILES): follow it with a source, "
+            "which syncs it in the background, or ingest it with kb_ingest",
+        )
 
 
 def _ingest_many(

@@ -68,6 +68,7 @@ class Command(KBCommand):
                         recursive=options["recursive"],
                         force=options["force"],
                         on_item=record,
+                        whole_folder=True,
                     )
                 except KBError as error:  # a single source that failed; folders report each file
                     record(IngestItem(source_uri=source, outcome="failed", error=error))
