@@ -237,7 +237,9 @@ def test_hybrid_looking_up_only_candidates_that_can_reach_the_top_ranks_as_if_it
     monkeypatch.setattr(
         service,
         "contenders",
-        lambda ids, kw, vec, *rest: everything(ids, kw, vec, *rest[:1], len(ids), *rest[2:]),
+        lambda ids, known, kw, vec, relevance, top_k, *rest: everything(
+            ids, known, kw, vec, relevance, len(ids), *rest
+        ),
     )
     for query in queries:
         reference = search(query=query, collections=["aero"], top_k=top_k).results
@@ -251,7 +253,9 @@ def test_a_candidate_is_looked_up_when_its_missing_half_could_still_lift_it_into
     keyword_hits = [(1, 0.9), (2, 0.8), (3, 0.7)]  # a full list (depth 3): a missing chunk has BM25 <= 0.7
     vector_hits = {4: (1, 0.9), 1: (2, 0.2), 5: (3, 0.1)}  # and cosine <= 0.1
     # Known so far: 1 scores 0.55 (both halves); 4 at least 0.45 and at most 0.8; 2 0.4..0.45; 3 and 5 below.
-    found = fusion.contenders([1, 4, 2, 3, 5], keyword_hits, vector_hits, relevance, top_k, 3, True)
+    ids = [1, 4, 2, 3, 5]
+    known = relevance.of_each(ids, {c: sim for c, (_, sim) in vector_hits.items()}, dict(keyword_hits))
+    found = fusion.contenders(ids, known, keyword_hits, vector_hits, relevance, top_k, 3, True)
     assert found == looked_up
 
 
@@ -283,6 +287,22 @@ def test_a_hybrid_result_found_by_meaning_alone_still_gets_its_keyword_part(corp
     results = search(query="baking bread temperature", collections=["aero"], top_k=6).results
     by_uri = {result.source_uri: result for result in results}
     assert by_uri["note://cooking"].keyword_score is not None and by_uri["note://cooking"].score > 0.3
+
+
+def test_a_hybrid_score_counts_the_half_looked_up_after_the_lists_came_back(corpus, monkeypatch):
+    """With lists 3 deep, "heat" is in the semantic list only: three chunks hold "better" or
+    "temperature" with a higher BM25. Its BM25 is looked up, and its score counts it."""
+    query = "better temperature"
+    halves = {
+        mode: {r.source_uri: r.score for r in search(query=query, collections=["aero"], mode=mode, top_k=6).results}
+        for mode in ("keyword", "semantic")
+    }
+    assert "note://heat" not in list(halves["keyword"])[:3] and halves["keyword"]["note://heat"] > 0
+    monkeypatch.setattr(service, "MIN_CANDIDATE_DEPTH", 3)
+    (top,) = search(query=query, collections=["aero"], top_k=1).results
+    weight = django_settings.KB_SEMANTIC_WEIGHT
+    expected = weight * halves["semantic"]["note://heat"] + (1 - weight) * halves["keyword"]["note://heat"]
+    assert (top.source_uri, top.score) == ("note://heat", pytest.approx(expected, abs=2e-6))
 
 
 def test_the_semantic_weight_moves_hybrid_between_its_halves(corpus):

@@ -134,21 +134,22 @@ def search(
         chunk_ids = [chunk_id for chunk_id, _ in fused]
         # No vector list at all (provider down, nothing embedded yet): the score is keyword relevance.
         relevance = Relevance(keyword.full_match if keyword else 0.0, weight if vector_hits else 0.0)
+        similarities = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
+        keyword_scores = dict(keyword_hits)
+        scores = relevance.of_each(chunk_ids, similarities, keyword_scores)  # from the halves found so far
         if min_similarity is not None or group_by_document:
             completed = chunk_ids
         elif mode == "hybrid" and fusion == "convex":
             one_model = len(by_model(targets)) == 1
-            completed = contenders(chunk_ids, keyword_hits, vector_hits, relevance, top_k, depth, one_model)
+            completed = contenders(chunk_ids, scores, keyword_hits, vector_hits, relevance, top_k, depth, one_model)
         else:  # RRF needs both scores only for what it shows
             completed = chunk_ids[:top_k]
-        similarities = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
         if min_similarity is not None or (mode == "hybrid" and vector_hits):
             # Chunks found only by keyword get their similarity too (the query is embedded already).
             similarities.update(similarities_of(query, targets, [c for c in completed if c not in similarities]))
-        keyword_scores = dict(keyword_hits)
         if keyword and mode == "hybrid":  # found by meaning only: their BM25 counts towards the score
             keyword_scores.update(keyword.scores([c for c in completed if c not in keyword_scores]))
-        scores = {c: relevance.of(similarities.get(c), keyword_scores.get(c, 0.0)) for c in chunk_ids}
+        scores.update(relevance.of_each(completed, similarities, keyword_scores))
         if mode == "hybrid" and fusion == "convex":
             # Ties (full keyword matches, where the keyword part is capped at 1) keep their RRF order.
             rrf = dict(fused)
