@@ -305,6 +305,18 @@ def test_a_hybrid_score_counts_the_half_looked_up_after_the_lists_came_back(corp
     assert (top.source_uri, top.score) == ("note://heat", pytest.approx(expected, abs=2e-6))
 
 
+def test_a_search_loads_the_collections_it_names_as_the_orm_would(corpus):
+    (loaded,) = filters.target_collections(["aero"])
+    reference = Collection.objects.select_related("embedding_model").get(name="aero")
+    for own, theirs in ((loaded, reference), (loaded.embedding_model, reference.embedding_model)):
+        fields = type(theirs)._meta.concrete_fields
+        assert [getattr(own, f.attname) for f in fields] == [getattr(theirs, f.attname) for f in fields]
+        assert own._state.adding is False and own._state.db == "default"
+    with pytest.raises(KBError) as caught:
+        filters.target_collections(["aero", "nowhere"])
+    assert caught.value.code == ErrorCode.COLLECTION_NOT_FOUND
+
+
 def test_the_semantic_weight_moves_hybrid_between_its_halves(corpus):
     query = "temperature"
     keyword = names(search(query=query, collections=["aero"], mode="keyword"))

@@ -4,14 +4,19 @@ Filters fail closed: an unknown collection is an error, an empty list of documen
 nothing, an unknown operator is INVALID_ARGUMENT.
 """
 
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.db import connections
+from django.db.models.expressions import Col
+
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import CONTENT_TYPES
-from kb.models import Collection
+from kb.models import Collection, EmbeddingModel
+from kb.replicas import read_connection
 
 METADATA_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in")
 MAX_FILTER_CONDITIONS = 32
@@ -54,15 +59,57 @@ class Filters:
 
 
 def target_collections(names: Sequence[str] | None) -> list[Collection]:
-    queryset = Collection.objects.select_related("embedding_model")
     if names is None:
-        return list(queryset.order_by("pk"))
+        return list(Collection.objects.select_related("embedding_model").order_by("pk"))
     names = [names] if isinstance(names, str) else list(names)
-    found = {collection.name: collection for collection in queryset.filter(name__in=names)}
+    found = {collection.name: collection for collection in _named_collections(names)}
     missing = [name for name in names if name not in found]
     if missing:
         raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {', '.join(missing)}")
     return [found[name] for name in dict.fromkeys(names)]
+
+
+def _named_collections(names: list[str]) -> list[Collection]:
+    """The named collections, each with its embedding model, by a statement written once: the ORM
+    compiled this query anew for every search, about 1.5 ms of CPU (README, Many clients at once)."""
+    connection = read_connection()
+    statement, converters = _named_collections_statement(connection.alias)
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [names])
+        rows = cursor.fetchall()
+    own = len(Collection._meta.concrete_fields)
+    found = []
+    for row in rows:
+        values = list(row)
+        for position, column, column_converters in converters:  # as the ORM converts what it reads
+            for converter in column_converters:
+                values[position] = converter(values[position], column, connection)
+        collection = Collection.from_db(connection.alias, None, values[:own])
+        collection.embedding_model = EmbeddingModel.from_db(connection.alias, None, values[own:])
+        found.append(collection)
+    return found
+
+
+@functools.cache
+def _named_collections_statement(alias: str) -> tuple[str, list[tuple[int, Col, list[Callable]]]]:
+    """The statement, and each column's converters (none for today's fields, but a field added
+    later gets its own, as the ORM would apply them)."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    fields = [*Collection._meta.concrete_fields, *EmbeddingModel._meta.concrete_fields]
+    columns = [field.get_col(field.model._meta.db_table) for field in fields]
+    converters = [
+        (position, column, found)
+        for position, column in enumerate(columns)
+        if (found := [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)])
+    ]
+    collections, models = quote(Collection._meta.db_table), quote(EmbeddingModel._meta.db_table)
+    key = quote(Collection._meta.get_field("embedding_model").column)
+    statement = (
+        f"SELECT {', '.join(f'{quote(c.alias)}.{quote(c.target.column)}' for c in columns)} "
+        f"FROM {collections} JOIN {models} ON {models}.id = {collections}.{key} WHERE {collections}.name = ANY(%s)"
+    )
+    return statement, converters
 
 
 def checked_content_types(content_types: Sequence[str]) -> list[str]:
