@@ -8,7 +8,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import numpy as np
 from django.conf import settings
 
 
@@ -47,6 +46,8 @@ class Relevance:
         """The score of each chunk; one missing from ``similarities`` or ``bm25`` counts with the
         cap given (an upper bound), by default with nothing. In NumPy, because every hybrid search
         scores a few hundred candidates this way (README, Many clients at once)."""
+        import numpy as np  # here, not at import: kb.search loads with every task and command
+
         chunk_ids = list(chunk_ids)
         cosine = np.clip([similarities.get(c, similarity_cap) or 0.0 for c in chunk_ids], 0.0, 1.0)
         keyword = np.array([bm25.get(c, bm25_cap) for c in chunk_ids], dtype=np.float64)
