@@ -259,6 +259,15 @@ def test_a_candidate_is_looked_up_when_its_missing_half_could_still_lift_it_into
     assert found == looked_up
 
 
+def test_a_score_takes_each_half_within_its_range():
+    relevance = fusion.Relevance(full_match=2.0, weight=0.5)
+    similarities = {1: 0.8, 2: -0.3, 3: float("nan"), 4: None, 5: 1.5}
+    bm25 = {1: 1.0, 2: 5.0, 3: 2.0, 4: 0.5}
+    scores = relevance.of_each([1, 2, 3, 4, 5, 6], similarities, bm25)
+    assert scores == {1: 0.65, 2: 0.5, 3: 0.5, 4: 0.125, 5: 0.5, 6: 0.0}
+    assert relevance.of_each([6], similarities, bm25, similarity_cap=0.4, bm25_cap=1.0) == {6: 0.45}
+
+
 @pytest.mark.parametrize(("weight", "mode"), [(0.0, "keyword"), (1.0, "semantic")])
 def test_hybrid_at_either_end_of_the_weight_is_that_half_alone(corpus, weight, mode):
     query = "shock wave temperature of the flow"

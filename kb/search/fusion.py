@@ -49,7 +49,8 @@ class Relevance:
         import numpy as np  # here, not at import: kb.search loads with every task and command
 
         chunk_ids = list(chunk_ids)
-        cosine = np.clip([similarities.get(c, similarity_cap) or 0.0 for c in chunk_ids], 0.0, 1.0)
+        cosine = np.array([similarities.get(c, similarity_cap) or 0.0 for c in chunk_ids], dtype=np.float64)
+        cosine = np.clip(np.nan_to_num(cosine, nan=0.0), 0.0, 1.0)  # a zero vector's cosine is NaN
         keyword = np.array([bm25.get(c, bm25_cap) for c in chunk_ids], dtype=np.float64)
         keyword = np.minimum(1.0, keyword / self.full_match) if self.full_match else np.zeros_like(keyword)
         # Rounded as results show it, so a score read from a result is a threshold that keeps it.
