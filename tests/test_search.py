@@ -237,8 +237,8 @@ def test_hybrid_looking_up_only_candidates_that_can_reach_the_top_ranks_as_if_it
     monkeypatch.setattr(
         service,
         "contenders",
-        lambda ids, known, kw, vec, relevance, top_k, *rest: everything(
-            ids, known, kw, vec, relevance, len(ids), *rest
+        lambda ids, known, bm25, cosine, relevance, top_k, *rest: everything(
+            ids, known, bm25, cosine, relevance, len(ids), *rest
         ),
     )
     for query in queries:
@@ -254,8 +254,8 @@ def test_a_candidate_is_looked_up_when_its_missing_half_could_still_lift_it_into
     vector_hits = {4: (1, 0.9), 1: (2, 0.2), 5: (3, 0.1)}  # and cosine <= 0.1
     # Known so far: 1 scores 0.55 (both halves); 4 at least 0.45 and at most 0.8; 2 0.4..0.45; 3 and 5 below.
     ids = [1, 4, 2, 3, 5]
-    known = relevance.of_each(ids, {c: sim for c, (_, sim) in vector_hits.items()}, dict(keyword_hits))
-    found = fusion.contenders(ids, known, keyword_hits, vector_hits, relevance, top_k, 3, True)
+    cosine, bm25 = {c: sim for c, (_, sim) in vector_hits.items()}, dict(keyword_hits)
+    found = fusion.contenders(ids, relevance.of_each(ids, cosine, bm25), bm25, cosine, relevance, top_k, 3, True)
     assert found == looked_up
 
 

@@ -61,24 +61,23 @@ class Relevance:
 def contenders(
     chunk_ids: list[int],
     known: dict[int, float],
-    keyword_hits: list[tuple[int, float]],
-    vector_hits: dict[int, tuple[int, float]],
+    bm25: Mapping[int, float],
+    cosine: Mapping[int, float],
     relevance: Relevance,
     top_k: int,
     depth: int,
     one_model: bool,
 ) -> list[int]:
     """The candidates found by one half only whose other half could still lift them into the top k:
-    only these are looked up. ``known`` is every candidate's score from the halves found so far. A
-    chunk missing from a full keyword list has at most that list's last BM25 (the keyword top is
-    exact), from a shorter one none. A chunk missing from one model's full vector list is at most
-    as similar as its last chunk (as far as the index's recall goes); otherwise nothing is assumed."""
-    bm25 = dict(keyword_hits)
-    cosine = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
+    only these are looked up. ``known`` is every candidate's score from the halves found so far,
+    ``bm25`` and ``cosine`` the two lists as they came back. A chunk missing from a full keyword
+    list has at most that list's last BM25 (the keyword top is exact), from a shorter one none. A
+    chunk missing from one model's full vector list is at most as similar as its last chunk (as far
+    as the index's recall goes); otherwise nothing is assumed."""
     half_found = [c for c in chunk_ids if c not in bm25 or c not in cosine]
     if len(chunk_ids) <= top_k:
         return half_found
-    bm25_cap = keyword_hits[-1][1] if len(keyword_hits) >= depth else 0.0
+    bm25_cap = min(bm25.values()) if len(bm25) >= depth else 0.0
     cosine_cap = min(cosine.values()) if one_model and len(cosine) >= depth else 1.0
     threshold = heapq.nlargest(top_k, (known[c] for c in chunk_ids))[-1]
     bounds = relevance.of_each(half_found, cosine, bm25, similarity_cap=cosine_cap, bm25_cap=bm25_cap)

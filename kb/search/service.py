@@ -141,7 +141,7 @@ def search(
             completed = chunk_ids
         elif mode == "hybrid" and fusion == "convex":
             one_model = len(by_model(targets)) == 1
-            completed = contenders(chunk_ids, scores, keyword_hits, vector_hits, relevance, top_k, depth, one_model)
+            completed = contenders(chunk_ids, scores, keyword_scores, similarities, relevance, top_k, depth, one_model)
         else:  # RRF needs both scores only for what it shows
             completed = chunk_ids[:top_k]
         if min_similarity is not None or (mode == "hybrid" and vector_hits):
