@@ -3,8 +3,10 @@
 A ZIP file declares its entries in a central directory that anyone can write: a few hundred KB
 can announce gigabytes that inflate from runs of zeros, or hundreds of thousands of entries that
 cost memory merely to list. So the directory is checked against the budgets before any part is
-read (entry count first, from the end record, before ``zipfile`` builds one object per entry),
-and parts are then read in chunks, never whole.
+read (entry count first, before ``zipfile`` builds one object per entry), and parts are then read
+in chunks, never whole. The count is that of the records ``zipfile`` would read, not the one the
+end record states: ``zipfile`` reads records until it has consumed the directory's declared size,
+whatever count the end record gives.
 """
 
 import io
@@ -18,6 +20,8 @@ from kb.errors import ErrorCode, KBError
 
 # End of central directory record, and its ZIP64 locator and record (used past 65,535 entries).
 _END_RECORD = struct.Struct("<4s4H2LH")
+_DIRECTORY_RECORD = struct.Struct("<4s6H3L5H2L")
+_DIRECTORY_RECORD_SIGNATURE = b"PK\x01\x02"
 _END_RECORD_SIGNATURE = b"PK\x05\x06"
 _ZIP64_LOCATOR = struct.Struct("<4sLQL")
 _ZIP64_LOCATOR_SIGNATURE = b"PK\x06\x07"
@@ -31,13 +35,12 @@ _READ_CHUNK_BYTES = 64 * 1024
 
 
 def open_archive(data: bytes, *, kind: str) -> zipfile.ZipFile:
-    """The archive, once its declared entries fit the budgets; LOAD_FAILED naming the budget otherwise."""
-    entry_count = declared_entry_count(data)
+    """The archive, once its entries fit the budgets; LOAD_FAILED naming the budget otherwise."""
+    entry_count = bounded_entry_count(data)
     if entry_count is not None and entry_count > settings.KB_ARCHIVE_MAX_ENTRIES:
         raise KBError(
             ErrorCode.LOAD_FAILED,
-            f"The {kind} file holds {entry_count} entries; the limit is {settings.KB_ARCHIVE_MAX_ENTRIES} "
-            "(KB_ARCHIVE_MAX_ENTRIES)",
+            f"The {kind} file holds more than {settings.KB_ARCHIVE_MAX_ENTRIES} entries (KB_ARCHIVE_MAX_ENTRIES)",
         )
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
@@ -47,27 +50,43 @@ def open_archive(data: bytes, *, kind: str) -> zipfile.ZipFile:
     return archive
 
 
-def declared_entry_count(data: bytes) -> int | None:
-    """The entry count the end record declares, or None when the bytes have no end record."""
+def bounded_entry_count(data: bytes) -> int | None:
+    """How many entries ``zipfile`` would list, counted up to one past KB_ARCHIVE_MAX_ENTRIES (the
+    count stops there), or None when the bytes have no end record.
+
+    ``zipfile`` takes the directory to end where the end record (or the ZIP64 one) starts, and to
+    be as long as declared; it reads records from there until that length is consumed. So are they
+    counted here, from their fixed headers, without building anything."""
     position = data.rfind(_END_RECORD_SIGNATURE, max(0, len(data) - _END_RECORD.size - _MAX_COMMENT_BYTES))
     if position < 0 or position + _END_RECORD.size > len(data):
         return None
-    entry_count = _END_RECORD.unpack_from(data, position)[4]
-    if entry_count == 0xFFFF:  # the real count is in the ZIP64 end record
-        return _zip64_entry_count(data, position) or entry_count
-    return entry_count
+    directory_size = _END_RECORD.unpack_from(data, position)[5]
+    directory_end = position
+    zip64_record = _zip64_end_record(data, position)
+    if zip64_record is not None:
+        directory_end = zip64_record
+        directory_size = _ZIP64_END_RECORD.unpack_from(data, zip64_record)[8]
+    cursor, count = max(0, directory_end - directory_size), 0
+    while cursor + _DIRECTORY_RECORD.size <= directory_end and count <= settings.KB_ARCHIVE_MAX_ENTRIES:
+        record = _DIRECTORY_RECORD.unpack_from(data, cursor)
+        if record[0] != _DIRECTORY_RECORD_SIGNATURE:
+            break  # zipfile refuses such a directory as a bad ZIP file
+        name_bytes, extra_bytes, comment_bytes = record[10:13]
+        cursor += _DIRECTORY_RECORD.size + name_bytes + extra_bytes + comment_bytes
+        count += 1
+    return count
 
 
-def _zip64_entry_count(data: bytes, end_record_position: int) -> int | None:
+def _zip64_end_record(data: bytes, end_record_position: int) -> int | None:
+    """Where the ZIP64 end record starts when a locator precedes the end record: as ``zipfile``
+    reads it, right before the locator (not where the locator says)."""
     locator_position = end_record_position - _ZIP64_LOCATOR.size
-    if locator_position < 0 or data[locator_position : locator_position + 4] != _ZIP64_LOCATOR_SIGNATURE:
-        return None
-    record_position = _ZIP64_LOCATOR.unpack_from(data, locator_position)[2]
-    if record_position + _ZIP64_END_RECORD.size > len(data):
+    record_position = locator_position - _ZIP64_END_RECORD.size
+    if record_position < 0 or data[locator_position : locator_position + 4] != _ZIP64_LOCATOR_SIGNATURE:
         return None
     if data[record_position : record_position + 4] != _ZIP64_END_RECORD_SIGNATURE:
         return None
-    return _ZIP64_END_RECORD.unpack_from(data, record_position)[7]
+    return record_position
 
 
 def _check_declared_sizes(archive: zipfile.ZipFile, kind: str) -> None:

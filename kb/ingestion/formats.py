@@ -30,7 +30,7 @@ from django.conf import settings
 
 from kb.errors import ErrorCode, KBError
 from kb.ingestion import html_text, pdf_text
-from kb.ingestion.archives import declared_entry_count
+from kb.ingestion.archives import bounded_entry_count
 
 # The 001 seed's content_type enum, plus the formats and languages we also understand.
 CODE_CONTENT_TYPES = ("rust", "python", "typescript", "javascript", "go", "java", "cpp", "c")
@@ -220,7 +220,7 @@ def _is_json(data: bytes) -> bool:
 
 
 def _is_docx(data: bytes) -> bool:
-    entry_count = declared_entry_count(data)
+    entry_count = bounded_entry_count(data)
     if entry_count is not None and entry_count > settings.KB_ARCHIVE_MAX_ENTRIES:
         return False  # listing it would cost too much; it is then refused as a ZIP archive
     try:

@@ -117,6 +117,40 @@ def test_a_docx_with_too_many_entries_is_refused_before_they_are_listed(collecti
     assert "KB_ARCHIVE_MAX_ENTRIES" in message
 
 
+def docx_with_uncounted_entries(extra: int) -> bytes:
+    """An ordinary DOCX whose directory gains ``extra`` records (47 bytes each, no data), while its
+    end record still counts only the real ones: zipfile reads every record the directory's size
+    covers, whatever that count says."""
+    data = rebuilt_docx()
+    end = data.rindex(b"PK\x05\x06")
+    directory_size, directory_offset = (
+        int.from_bytes(data[end + 12 : end + 16], "little"),
+        int.from_bytes(data[end + 16 : end + 20], "little"),
+    )
+    record = b"PK\x01\x02" + bytes(24) + (1).to_bytes(2, "little") + bytes(16) + b"a"
+    directory = data[directory_offset:end] + record * extra
+    assert len(directory) == directory_size + 47 * extra
+    end_record = data[end : end + 12] + len(directory).to_bytes(4, "little") + data[end + 16 :]
+    return data[:directory_offset] + directory + end_record
+
+
+def test_a_docx_whose_end_record_understates_its_entries_is_refused_before_they_are_listed(collection):
+    bomb = docx_with_uncounted_entries(6000)
+    with zipfile.ZipFile(io.BytesIO(bomb)) as archive:
+        assert len(archive.infolist()) > 6000  # what zipfile would list
+    message = refused_upload(collection, "bomb.docx", bomb)
+    assert "KB_ARCHIVE_MAX_ENTRIES" in message
+
+
+def test_a_docx_at_the_entry_budget_is_read(collection, settings):
+    """Counting the records refuses nothing at the budget itself."""
+    with zipfile.ZipFile(io.BytesIO(rebuilt_docx())) as archive:
+        real_entries = len(archive.infolist())
+    data = docx_with_uncounted_entries(settings.KB_ARCHIVE_MAX_ENTRIES - real_entries)
+    stored = document_ingest_upload(collection=collection, filename="ok.docx", data=data)
+    assert stored.document.chunk_count >= 1
+
+
 def test_a_docx_whose_parts_add_up_past_the_total_is_refused(collection, settings):
     settings.KB_ARCHIVE_MAX_TOTAL_BYTES = 1024 * 1024
     parts = {f"word/media/image{number}.png": bytes(range(256)) * 2048 for number in range(3)}  # 512 KB each
