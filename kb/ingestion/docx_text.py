@@ -33,6 +33,10 @@ _ROW_PATH = [_BODY, _TBL, _TR]
 _CELL_PATH = [_BODY, _TBL, _TR, _TC]
 # Word tables have at most 63 columns; a larger span is malformed and would repeat a cell endlessly.
 _MAX_GRID_SPAN = 64
+# Styles kept from styles.xml, and the longest id and name kept: Word's own documents hold a few
+# hundred styles with short ids and names; a part of millions would otherwise be held in memory.
+_MAX_STYLES = 10_000
+_MAX_STYLE_CHARS = 200
 # python-docx shows these built-in styles by their user-interface names.
 _UI_STYLE_NAMES = {"caption": "Caption", "footer": "Footer", "header": "Header"} | {
     f"heading {level}": f"Heading {level}" for level in range(1, 10)
@@ -75,12 +79,12 @@ def read_docx(data: bytes, *, max_text_chars: int) -> DocxContent:
 
 
 def _read_package(archive: zipfile.ZipFile, max_text_chars: int) -> DocxContent:
-    package_parts = _related_parts(archive, "")
+    package_parts = _related_parts(archive, "", kinds=("officeDocument", "core-properties"))
     document_name = package_parts.get("officeDocument")
     if document_name is None:
         raise KBError(ErrorCode.LOAD_FAILED, "The DOCX file could not be read: it has no main document part")
     style_names = _StyleNames()
-    styles_name = _related_parts(archive, document_name).get("styles")
+    styles_name = _related_parts(archive, document_name, kinds=("styles",)).get("styles")
     if styles_name:
         _feed(archive, styles_name, style_names)
     body = _Body(style_names, max_text_chars)
@@ -106,20 +110,21 @@ def _feed(archive: zipfile.ZipFile, name: str, target: "_PartHandler") -> None:
     parser.close()
 
 
-def _related_parts(archive: zipfile.ZipFile, source_name: str) -> dict[str, str]:
-    """Internal relationship targets of a part ("" for the package), by the last word of their type."""
+def _related_parts(archive: zipfile.ZipFile, source_name: str, *, kinds: tuple[str, ...]) -> dict[str, str]:
+    """The first internal relationship target of each of these kinds (the last word of its type)
+    from a part ("" for the package)."""
     directory, base = posixpath.split(source_name)
     rels_name = posixpath.join(directory, "_rels", f"{base}.rels")
     try:
         archive.getinfo(rels_name)
     except KeyError:
         return {}
-    relationships = _Relationships()
+    relationships = _Relationships(kinds)
     _feed(archive, rels_name, relationships)
     parts: dict[str, str] = {}
-    for kind, target in relationships.targets:
+    for kind, target in relationships.targets.items():
         resolved = target.lstrip("/") if target.startswith("/") else posixpath.join(directory, target)
-        parts.setdefault(kind, posixpath.normpath(resolved))
+        parts[kind] = posixpath.normpath(resolved)
     return parts
 
 
@@ -144,12 +149,17 @@ class _PartHandler:
 
 
 class _Relationships(_PartHandler):
-    def __init__(self) -> None:
-        self.targets: list[tuple[str, str]] = []
+    """Keeps only the first target of each kind asked for: a part may hold millions."""
+
+    def __init__(self, kinds: tuple[str, ...]) -> None:
+        self.kinds = kinds
+        self.targets: dict[str, str] = {}
 
     def start(self, tag: str, attrib: Any) -> None:
         if tag == _RELATIONSHIP and attrib.get("TargetMode") != "External":
-            self.targets.append((attrib.get("Type", "").rsplit("/", 1)[-1], attrib.get("Target", "")))
+            kind = attrib.get("Type", "").rsplit("/", 1)[-1]
+            if kind in self.kinds and kind not in self.targets:
+                self.targets[kind] = attrib.get("Target", "")
 
 
 class _StyleNames(_PartHandler):
@@ -169,7 +179,7 @@ class _StyleNames(_PartHandler):
             self._style = {"id": attrib.get(f"{_W}styleId"), "type": attrib.get(_TYPE), "name": None}
             self._style["default"] = attrib.get(f"{_W}default") in ("1", "true", "on")
         elif tag == _NAME and self._style is not None and self._style["name"] is None:
-            name = attrib.get(_VAL) or ""
+            name = (attrib.get(_VAL) or "")[:_MAX_STYLE_CHARS]
             self._style["name"] = _UI_STYLE_NAMES.get(name, name)
 
     def end(self, tag: str) -> None:
@@ -177,7 +187,7 @@ class _StyleNames(_PartHandler):
             return
         style, self._style = self._style, None
         name = style["name"] or ""
-        if style["id"] is not None:
+        if style["id"] is not None and len(style["id"]) <= _MAX_STYLE_CHARS and len(self._styles) < _MAX_STYLES:
             self._styles.setdefault(style["id"], (style["type"], name))
         if style["type"] == "paragraph" and style["default"]:
             self._default = name  # the last default wins, as the specification says

@@ -5,6 +5,7 @@ Ordinary documents still parse to the text they always gave."""
 
 import base64
 import io
+import tracemalloc
 import zipfile
 import zlib
 
@@ -149,6 +150,43 @@ def test_a_docx_at_the_entry_budget_is_read(collection, settings):
     data = docx_with_uncounted_entries(settings.KB_ARCHIVE_MAX_ENTRIES - real_entries)
     stored = document_ingest_upload(collection=collection, filename="ok.docx", data=data)
     assert stored.document.chunk_count >= 1
+
+
+def test_a_docx_with_150_000_relationships_and_styles_is_read_in_bounded_memory(collection, settings):
+    """Relationships and styles are not held whole: only the targets and styles that are used, up
+    to a cap (the parts below are 10-20 MB of XML; keeping them all took 110 MB of Python objects)."""
+    settings.KB_ARCHIVE_MAX_RATIO = 10_000
+    count = 150_000
+    relationship = '<Relationship Id="r%d" Type="http://x/relationships/officeDocument%d" Target="t%d.xml"/>'
+    relationships = "".join(relationship % (n, n, n) for n in range(count))
+    styles = "".join(
+        f'<w:style w:type="paragraph" w:styleId="s{n}"><w:name w:val="S {n}"/></w:style>' for n in range(count)
+    )
+    base = rebuilt_docx()
+    with zipfile.ZipFile(io.BytesIO(base)) as archive:
+        package_rels = (
+            archive.read("_rels/.rels").decode().replace("</Relationships>", relationships + "</Relationships>")
+        )
+        document_rels = archive.read("word/_rels/document.xml.rels").decode()
+        document_rels = document_rels.replace("</Relationships>", relationships + "</Relationships>")
+        style_part = archive.read("word/styles.xml").decode().replace("</w:styles>", styles + "</w:styles>")
+    replaced = {
+        "_rels/.rels": package_rels,
+        "word/_rels/document.xml.rels": document_rels,
+        "word/styles.xml": style_part,
+    }
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(base)) as source, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as target:
+        for entry in source.infolist():
+            target.writestr(entry.filename, replaced.get(entry.filename) or source.read(entry.filename))
+    tracemalloc.start()
+    try:
+        content = formats.parse(out.getvalue(), content_type="docx")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "Ingestion doubled." in content.text
+    assert peak < 20 * 1024 * 1024, f"{peak / 2**20:.0f} MB of Python objects at the peak"
 
 
 def test_a_docx_whose_parts_add_up_past_the_total_is_refused(collection, settings):
