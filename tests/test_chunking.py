@@ -228,3 +228,31 @@ def test_text_dense_in_tokens_gets_windows_of_as_many_tokens_not_characters():
     assert len(windows) >= 25 and all(count_tokens(text[start:end]) <= 100 for start, end in windows)
     drafts = chunk_text(text, content_type="plain_text", settings=ChunkSettings(max_tokens=16, min_tokens=0))
     assert "".join(draft.content for draft in drafts) == text and all(draft.token_count <= 16 for draft in drafts)
+
+
+def test_text_of_few_tokens_per_character_is_counted_in_linear_time(monkeypatch):
+    """A word of a million letters is one token, so small chunks could be joined across the whole
+    text, counted again at every join (a 4.9 MB line took 115 s of CPU). A joined chunk is held to
+    one window's characters, and the characters the tokenizer is given stay a few times the text's."""
+    counted: list[int] = []
+
+    def counting(text: str) -> int:
+        counted.append(len(text))
+        return count_tokens(text)
+
+    monkeypatch.setattr(chunking, "count_tokens", counting)
+    settings = ChunkSettings(max_tokens=16, min_tokens=8)
+    window = chunking.WINDOW_CHARS_PER_TOKEN * settings.max_tokens
+    text = "a" * (30 * window)
+    drafts = chunk_text(text, content_type="plain_text", settings=settings)
+    assert "".join(draft.content for draft in drafts) == text
+    assert all(len(draft.content) <= window for draft in drafts)
+    assert sum(counted) <= 4 * len(text)
+
+
+def test_small_chunks_are_joined_as_before_when_words_are_ordinary():
+    text = "\n\n".join(f"Section {n}. A short line." for n in range(40))
+    drafts = chunk_text(text, content_type="plain_text", settings=ChunkSettings(max_tokens=64, min_tokens=20))
+    assert " ".join(draft.content for draft in drafts).split() == text.split()
+    assert all(draft.token_count <= 64 for draft in drafts)
+    assert all(draft.token_count >= 20 for draft in drafts[:-1])

@@ -226,27 +226,31 @@ def _merge_small_spans(
     """Join a chunk below ``min_tokens`` to its successor while the result fits ``max_tokens``.
 
     The splitter fills chunks up to the maximum, so small chunks are short sections (a lone
-    heading, a two-line function) that retrieve better together with what follows them.
+    heading, a two-line function) that retrieve better together with what follows them. A joined
+    chunk is also held to one window's characters: text of very few tokens per character (a word
+    of a million letters is one token) would otherwise grow one chunk over the whole text and
+    count it again at every join, in time quadratic in its length.
     """
     if settings.min_tokens <= 0 or settings.overlap_tokens > 0:
         return spans  # with overlap, neighbours share text and joining would duplicate it
+    max_chars = WINDOW_CHARS_PER_TOKEN * settings.max_tokens
     merged: list[tuple[int, int]] = []
+    counts: list[int] = []  # the tokens of each merged span
     for start, end in spans:
-        if merged:
-            prev_start, prev_end = merged[-1]
-            if counter(text[prev_start:prev_end]) < settings.min_tokens and (
-                counter(text[prev_start:end]) <= settings.max_tokens
-            ):
-                merged[-1] = (prev_start, end)
+        if merged and counts[-1] < settings.min_tokens and end - merged[-1][0] <= max_chars:
+            joined = counter(text[merged[-1][0] : end])
+            if joined <= settings.max_tokens:
+                merged[-1], counts[-1] = (merged[-1][0], end), joined
                 continue
         merged.append((start, end))
-    if len(merged) > 1:
-        last_start, last_end = merged[-1]
-        prev_start, _ = merged[-2]
-        if counter(text[last_start:last_end]) < settings.min_tokens and (
-            counter(text[prev_start:last_end]) <= settings.max_tokens
-        ):
-            merged[-2:] = [(prev_start, last_end)]
+        counts.append(counter(text[start:end]))
+    if (
+        len(merged) > 1
+        and counts[-1] < settings.min_tokens
+        and merged[-1][1] - merged[-2][0] <= max_chars
+        and counter(text[merged[-2][0] : merged[-1][1]]) <= settings.max_tokens
+    ):
+        merged[-2:] = [(merged[-2][0], merged[-1][1])]
     return merged
 
 
