@@ -164,6 +164,10 @@ class Document(models.Model):
         return self.title or self.source_uri[:100]
 
 
+# Chunk.index is a Postgres integer; a caller's chunk index beyond it is refused before any write.
+MAX_CHUNK_INDEX = 2**31 - 1
+
+
 class Chunk(models.Model):
     id = models.BigAutoField(primary_key=True)
     document = models.ForeignKey(Document, on_delete=models.DO_NOTHING, db_constraint=False, related_name="chunks")

@@ -124,6 +124,11 @@ def test_scirag_store_reports_validation_errors_without_raising():
     assert call_ok(SCIRAG, "store_document_chunks", {"chunks": bad_index})["message"] == (
         "Validation error: Chunk 0: 'chunk_index' must be an integer"
     )
+    for index in (-1, 2**31):  # Chunk.index is a Postgres integer: 2**31 was a database error
+        out_of_range = [paper_chunks()[0] | {"chunk_index": index}]
+        assert call_ok(SCIRAG, "store_document_chunks", {"chunks": out_of_range})["message"] == (
+            f"Validation error: Chunk index {index} must be between 0 and 2147483647"
+        )
     bad_name = call_ok(SCIRAG, "store_document_chunks", {"chunks": paper_chunks(), "collection": "no spaces"})
     assert bad_name["success"] is False and bad_name["message"].startswith("Validation error: Invalid collection name")
     for arguments in ({"collection": "a\x00b"}, {"chunks": [paper_chunks()[0] | {"source_filename": "f\x00"}]}):

@@ -30,7 +30,7 @@ from kb.ingestion.sources import (
     source_hash,
     walk_folder,
 )
-from kb.models import Collection, Document, IngestRefusal
+from kb.models import MAX_CHUNK_INDEX, Collection, Document, IngestRefusal
 from kb.selectors.documents import document_get
 from kb.services.collections import collection_get_or_create
 from kb.services.documents import (
@@ -295,8 +295,10 @@ def document_store_chunks(
     for chunk in chunks:
         if not chunk.text.strip():
             raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk {chunk.index} has no text")
-        if chunk.index < 0:
-            raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk index {chunk.index} is negative")
+        if not 0 <= chunk.index <= MAX_CHUNK_INDEX:
+            raise KBError(
+                ErrorCode.INVALID_ARGUMENT, f"Chunk index {chunk.index} must be between 0 and {MAX_CHUNK_INDEX}"
+            )
     check_metadata(metadata)
     check_storable([[chunk.text, chunk.metadata, chunk.index] for chunk in chunks], what="chunks")
     for chunk in chunks:
