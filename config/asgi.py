@@ -26,6 +26,7 @@ from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Mount  # noqa: E402
 from starlette.staticfiles import StaticFiles  # noqa: E402
 
+from config.body_limit import BodyLimit  # noqa: E402
 from mcp_endpoint.asgi import mcp_lifespan, mcp_routes  # noqa: E402
 
 
@@ -36,7 +37,7 @@ def build_application() -> Starlette:
             Mount(
                 f"/{settings.STATIC_URL.strip('/')}", app=StaticFiles(directory=settings.STATIC_ROOT, check_dir=False)
             ),
-            Mount("/", app=django_application),
+            Mount("/", app=BodyLimit(django_application)),
         ],
         lifespan=mcp_lifespan,
     )

@@ -151,6 +151,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = env_path("DJANGO_STATIC_ROOT", VAR_DIR / "static", base=BASE_DIR)
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("KB_UPLOAD_MAX_MEMORY_BYTES", 10 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_NUMBER_FILES = env_int("KB_UPLOAD_MAX_FILES", 100, minimum=1)
+# The whole body of one multipart request (an upload of files); other bodies are held to
+# DATA_UPLOAD_MAX_MEMORY_SIZE. Both are checked before Django reads the body (config/body_limit.py).
+KB_UPLOAD_MAX_BYTES = env_int("KB_UPLOAD_MAX_BYTES", 256 * 1024 * 1024, minimum=1024)
 
 # --- Production hardening (`manage.py check --deploy` is clean when DJANGO_DEBUG is off and
 # DJANGO_SECURE_SSL is on behind TLS) -------------------------------------------------------

@@ -101,3 +101,79 @@ def test_a_new_user_follows_api_docs_with_curl(api_url, celery_worker):
         assert http.get("/api/stats").json()["embeddings"] > 0
         assert http.get("/api/health").json()["status"] == "ok"
         assert http.delete("/api/collections/docs", params={"confirm": "true"}).json()["success"] is True
+
+
+# --- Request bodies are held to their limit before Django reads them ------------------------------
+
+BODY_LIMIT = 10 * 1024 * 1024  # KB_UPLOAD_MAX_MEMORY_BYTES' default
+
+
+def _raw_request(api_url: str, head: str) -> socket.socket:
+    port = int(api_url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(head.encode() + b"\r\n")
+    return sock
+
+
+def _response(sock: socket.socket) -> tuple[int, bytes]:
+    answer = b""
+    while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < 2:
+        piece = sock.recv(65536)
+        if not piece:
+            break
+        answer += piece
+    status = int(answer.split(b" ", 2)[1])
+    return status, answer.split(b"\r\n\r\n", 1)[1]
+
+
+def test_a_body_declared_past_the_limit_is_refused_before_it_is_sent(api_url):
+    """Django had read a declared gigabyte to a temporary file, and only then checked the token."""
+    with _raw_request(
+        api_url,
+        "POST /api/search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer kb_made_up\r\nContent-Length: {1024**3}\r\n",
+    ) as sock:
+        status, body = _response(sock)
+    assert status == 413
+    assert b'"INVALID_ARGUMENT"' in body and b"KB_UPLOAD_MAX_MEMORY_BYTES" in body
+
+
+def test_a_chunked_body_is_cut_off_once_it_passes_the_limit(api_url):
+    """The answer comes while the client is still sending, not after 200 MB were read."""
+    block = b"a" * 1024 * 1024
+    sent = 0
+    with _raw_request(
+        api_url,
+        "POST /api/search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Authorization: Bearer kb_made_up\r\nTransfer-Encoding: chunked\r\n",
+    ) as sock:
+        try:
+            while sent < 200 * len(block):
+                sock.sendall(b"%x\r\n" % len(block) + block + b"\r\n")
+                sent += len(block)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed the connection
+        status, body = _response(sock)
+    assert status == 413 and b"KB_UPLOAD_MAX_MEMORY_BYTES" in body
+    assert sent < BODY_LIMIT + 64 * len(block)  # what the sockets' buffers can hold on top
+
+
+def test_an_upload_may_be_larger_than_other_bodies(api_url):
+    """Files go up to KB_UPLOAD_MAX_BYTES: 11 MB of upload reaches the API (which refuses the token)."""
+    boundary = "kb-test-boundary"
+    payload = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="big.txt"\r\n'
+            "Content-Type: text/plain\r\n\r\n"
+        ).encode()
+        + b"word " * (11 * 1024 * 1024 // 5)
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    response = httpx.post(
+        f"{api_url}/api/collections/docs/uploads",
+        content=payload,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}", "Authorization": "Bearer kb_made_up"},
+        timeout=60,
+    )
+    assert response.status_code == 401, response.text
+    assert response.json()["error"]["code"] == "UNAUTHORIZED"
