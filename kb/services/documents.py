@@ -94,11 +94,15 @@ def document_save(
     metadata: dict[str, Any] | None = None,
     drafts: Sequence[ChunkDraft] | None = None,
     force: bool = False,
+    replacing_hash: str | None = None,
 ) -> StoredDocument:
     """Create or update the document of ``source_uri`` from parsed content.
 
     ``drafts`` are the chunks when the caller made them (pre-chunked input); otherwise the
     text is chunked with the collection's settings here, before any lock is taken.
+    ``replacing_hash``: write only over the stored document holding this content, as read by a
+    caller that re-chunks it. If a newer write came first, it stays (it was chunked with the
+    current settings too); if the document was deleted meanwhile, DOCUMENT_NOT_FOUND.
     """
     _validate_source_uri(source_uri)
     check_storable(parsed.title, what="title")
@@ -116,9 +120,14 @@ def document_save(
     with transaction.atomic():
         # Concurrent writes of one source queue up here, and the second sees the first's hash.
         source_lock(collection=collection, source_uri=source_uri)
-        document, created = Document.objects.select_for_update().get_or_create(
-            collection=collection, source_uri=source_uri, defaults=fields
-        )
+        if replacing_hash is None:
+            document, created = Document.objects.select_for_update().get_or_create(
+                collection=collection, source_uri=source_uri, defaults=fields
+            )
+        else:
+            document, created = _stored_document(collection, source_uri), False
+            if document.content_hash != replacing_hash:
+                return _unchanged(document, None)
         if not created and document.content_hash == source_hash and not force:
             return _unchanged(document, metadata)
         old_chunk_ids = [] if created else list(document.chunks.values_list("id", flat=True))
@@ -160,6 +169,12 @@ def source_lock(*, collection: Collection, source_uri: str) -> None:
     The collection's row is held too (FOR KEY SHARE): a deletion under way finishes first and the
     write is COLLECTION_NOT_FOUND, or waits for the write and takes its document with it; without
     it, a write racing a deletion ended in a foreign-key violation (a 500).
+
+    Then the collection's BM25 counters (its kb_collection_stats row), which every chunk insert
+    and delete updates (kb/migrations/0002): taken first, before any document row, they order the
+    writers of one collection. Taken by the triggers, after the document rows and the per-term
+    counters, a writer (inserting the new chunks' terms, then deleting the old ones') and a
+    delete of another document had deadlocked.
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("source_lock() needs a transaction")
@@ -168,6 +183,11 @@ def source_lock(*, collection: Collection, source_uri: str) -> None:
         cursor.execute("SELECT 1 FROM kb_collection WHERE id = %s FOR KEY SHARE", [collection.pk])
         if cursor.fetchone() is None:
             raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}")
+        cursor.execute(
+            "INSERT INTO kb_collection_stats (collection_id, chunk_count, total_length) VALUES (%s, 0, 0) "
+            "ON CONFLICT (collection_id) DO UPDATE SET chunk_count = kb_collection_stats.chunk_count",
+            [collection.pk],
+        )
 
 
 def _chunk(document: Document, collection: Collection, draft: ChunkDraft) -> Chunk:
@@ -187,16 +207,31 @@ def _chunk(document: Document, collection: Collection, draft: ChunkDraft) -> Chu
 
 
 def document_delete(*, doc_id: str) -> Document:
-    """Delete a document; its chunks, postings and embeddings go with it (database cascade)."""
+    """Delete a document; its chunks, postings and embeddings go with it (database cascade).
+    Its source is locked first, in the order every writer of the source takes (source_lock)."""
+    found = Document.objects.select_related("collection").filter(pk=doc_id).first()
+    if found is None:
+        raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}")
     with transaction.atomic():
+        source_lock(collection=found.collection, source_uri=found.source_uri)
         document = document_lock(doc_id=doc_id)
         Document.objects.filter(pk=document.pk).delete()
     return document
 
 
+def _stored_document(collection: Collection, source_uri: str) -> Document:
+    document = Document.objects.select_for_update().filter(collection=collection, source_uri=source_uri).first()
+    if document is None:
+        raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {source_uri}")
+    return document
+
+
 def document_lock(*, doc_id: str) -> Document:
+    """The document, its row locked until the transaction ends. Only its row: locking the
+    collection's too (a bare FOR UPDATE of the join) had every embedding that finished, every
+    delete and re-embed deadlock with writers holding the collection FOR KEY SHARE (source_lock)."""
     try:
-        return Document.objects.select_for_update().select_related("collection").get(pk=doc_id)
+        return Document.objects.select_for_update(of=("self",)).select_related("collection").get(pk=doc_id)
     except Document.DoesNotExist:
         raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}") from None
 

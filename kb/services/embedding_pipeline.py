@@ -194,7 +194,14 @@ def documents_embed_for_writer(*, documents: Sequence[Document], timeout: float 
 
 
 def _embed_here(doc_id: str) -> None:
-    if not document_claim(doc_id=doc_id):
+    # The write has committed: a database error from here on (the claim included) must not make
+    # its caller report the write as failed. The queued message embeds the document instead.
+    try:
+        claimed = document_claim(doc_id=doc_id)
+    except DatabaseError:
+        logger.warning("claiming %s for its writer failed, left to the worker", doc_id, exc_info=True)
+        return
+    if not claimed:
         return  # a worker has it
     keeper = document_lease_keeper(doc_id=doc_id)
     keeper.start()

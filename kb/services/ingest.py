@@ -381,6 +381,7 @@ def document_reingest(*, doc_id: str, file_roots: Sequence[Path]) -> StoredDocum
             size_bytes=document.size_bytes,
             metadata=document.metadata,
             force=True,
+            replacing_hash=document.content_hash,  # read without a lock: a newer write wins
         )
     return ingest_loaded(collection=document.collection, source=source, content_type=document.content_type, force=True)
 

@@ -8,9 +8,11 @@ import anyio
 import pytest
 from django.db import connection
 
+from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document
 from kb.services.collections import collection_create, collection_update
-from kb.services.ingest import ChunkInput, document_store_chunks
+from kb.services.documents import document_create_from_text, document_delete
+from kb.services.ingest import ChunkInput, document_reingest, document_store_chunks
 from tests.support.mcp_client import committed_db, http_session, structured, tool_threads  # noqa: F401
 from tests.support.mcp_server import uvicorn_server
 
@@ -118,3 +120,61 @@ def test_concurrent_scirag_clients_storing_chunks_of_one_file_lose_none(server_u
     assert [result["success"] for result in results] == [True] * WRITERS
     stored = Chunk.objects.filter(document__source_uri="run.pdf", collection__name="lab")
     assert sorted(stored.values_list("index", flat=True)) == list(range(WRITERS))
+
+
+def test_deleting_documents_while_their_sources_are_written_again_never_deadlocks():
+    """Each of 10 documents deleted while its source is written again, all at once: every call
+    succeeds in some order. Locking a document had locked its collection's row too (FOR UPDATE),
+    against the writers' FOR KEY SHARE on it: most deletes ended in a deadlock (DATABASE_ERROR)."""
+    collection = collection_create(name="races")
+    pairs = 10
+    documents = [
+        document_create_from_text(collection=collection, source_uri=f"note://{n}", text=f"Version 0 of note {n}.")
+        for n in range(pairs)
+    ]
+
+    def race(index: int) -> None:
+        n = index // 2
+        if index % 2:
+            document_delete(doc_id=documents[n].document.pk)
+        else:
+            document_create_from_text(collection=collection, source_uri=f"note://{n}", text=f"Version 1 of note {n}.")
+
+    errors = run_at_once(2 * pairs, race)
+    # A write that came after its delete made the note again; one before it was deleted with it.
+    assert [error for error in errors if not (isinstance(error, KBError) and error.code == "DOCUMENT_NOT_FOUND")] == []
+    for document in Document.objects.filter(collection=collection):
+        assert document.raw_content.startswith("Version 1")
+
+
+def test_reingesting_while_a_new_version_is_written_never_brings_the_old_text_back():
+    """A re-ingest re-chunks the stored text it read; if a newer version is written meanwhile, the
+    newer one stays (it had been overwritten with the older text it replaced)."""
+    collection = collection_create(name="versions")
+    notes = 10
+    documents = [
+        document_create_from_text(collection=collection, source_uri=f"note://{n}", text=f"Version 0 of note {n}. " * 30)
+        for n in range(notes)
+    ]
+
+    def race(index: int) -> None:
+        n = index // 2
+        if index % 2:
+            document_reingest(doc_id=documents[n].document.pk, file_roots=[])
+        else:
+            document_create_from_text(
+                collection=collection, source_uri=f"note://{n}", text=f"Version 1 of note {n}. " * 30
+            )
+
+    assert run_at_once(2 * notes, race) == []
+    for document in Document.objects.filter(collection=collection):
+        assert document.raw_content.startswith("Version 1"), document.source_uri
+
+
+def test_reingesting_a_deleted_document_does_not_bring_it_back():
+    collection = collection_create(name="gone")
+    stored = document_create_from_text(collection=collection, source_uri="note://gone", text="Soon deleted.")
+    document_delete(doc_id=stored.document.pk)
+    with pytest.raises(KBError) as error:
+        document_reingest(doc_id=stored.document.pk, file_roots=[])
+    assert error.value.code == ErrorCode.DOCUMENT_NOT_FOUND
