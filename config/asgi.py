@@ -31,16 +31,19 @@ from mcp_endpoint.asgi import mcp_lifespan, mcp_routes  # noqa: E402
 
 
 def build_application() -> Starlette:
-    return Starlette(
+    application = Starlette(
         routes=[
             *mcp_routes(),
             Mount(
                 f"/{settings.STATIC_URL.strip('/')}", app=StaticFiles(directory=settings.STATIC_ROOT, check_dir=False)
             ),
-            Mount("/", app=BodyLimit(django_application)),
         ],
         lifespan=mcp_lifespan,
     )
+    # Every other path is Django's: as the router's default, not a Mount("/"), whose pattern does
+    # not match a path holding a newline (%0A), which got Starlette's plain-text 404 instead.
+    application.router.default = BodyLimit(django_application)
+    return application
 
 
 def close_request_connections(**_: object) -> None:

@@ -177,3 +177,11 @@ def test_an_upload_may_be_larger_than_other_bodies(api_url):
     )
     assert response.status_code == 401, response.text
     assert response.json()["error"]["code"] == "UNAUTHORIZED"
+
+
+@pytest.mark.parametrize("path", ["/api/nothing%0A", "/api/nothing%0Ab", "/api/stats%0A", "/api/search%0A"])
+def test_a_path_holding_a_newline_gets_the_api_s_json_404(api_url, path):
+    """Starlette's Mount("/") did not match such paths: Django's HTML or Starlette's text 404."""
+    response = httpx.get(f"{api_url}{path}", timeout=30)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "NOT_FOUND"
