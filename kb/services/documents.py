@@ -170,11 +170,7 @@ def source_lock(*, collection: Collection, source_uri: str) -> None:
     write is COLLECTION_NOT_FOUND, or waits for the write and takes its document with it; without
     it, a write racing a deletion ended in a foreign-key violation (a 500).
 
-    Then the collection's BM25 counters (its kb_collection_stats row), which every chunk insert
-    and delete updates (kb/migrations/0002): taken first, before any document row, they order the
-    writers of one collection. Taken by the triggers, after the document rows and the per-term
-    counters, a writer (inserting the new chunks' terms, then deleting the old ones') and a
-    delete of another document had deadlocked.
+    Then the collection's BM25 counters (collection_index_lock), before any document row.
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("source_lock() needs a transaction")
@@ -183,10 +179,20 @@ def source_lock(*, collection: Collection, source_uri: str) -> None:
         cursor.execute("SELECT 1 FROM kb_collection WHERE id = %s FOR KEY SHARE", [collection.pk])
         if cursor.fetchone() is None:
             raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}")
+    collection_index_lock(collection_id=collection.pk)
+
+
+def collection_index_lock(*, collection_id: int) -> None:
+    """Hold the collection's BM25 counters (its kb_collection_stats row) until the transaction
+    ends. Every chunk insert and delete updates them (kb/migrations/0002); taken first, before any
+    document row, they order the writers of one collection. Taken by the triggers, after the
+    document rows and the per-term counters, a writer (inserting the new chunks' terms, then
+    deleting the old ones') and a delete of another document had deadlocked."""
+    with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO kb_collection_stats (collection_id, chunk_count, total_length) VALUES (%s, 0, 0) "
             "ON CONFLICT (collection_id) DO UPDATE SET chunk_count = kb_collection_stats.chunk_count",
-            [collection.pk],
+            [collection_id],
         )
 
 

@@ -53,6 +53,7 @@ from kb.models import (
     SyncStatus,
     is_collection_name,
 )
+from kb.services.documents import collection_index_lock
 from kb.services.ingest import ingest_loaded, network_file_roots
 from kb.storable import check_storable, storable_text
 from kb.task_queue import enqueue_sync
@@ -429,6 +430,8 @@ def _sync(source: Source, progress: _Progress) -> list[str]:
 
 def _remove(source: Source, gone: list[str]) -> int:
     """Remove what the source brought and a complete scan no longer finds; the documents removed."""
+    if gone:
+        collection_index_lock(collection_id=source.collection_id)  # in the order writers take
     _, deleted = Document.objects.filter(collection=source.collection, source_uri__in=gone).delete()
     SourceItem.objects.filter(source=source, uri__in=gone).delete()
     return deleted.get(Document._meta.label, 0)
