@@ -8,6 +8,7 @@ stays pending, with its queued message, for the worker.
 import base64
 
 import pytest
+from django.db import connection, connections
 
 from kb.models import Document, DocumentStatus
 from kb.selectors.ingestion import STILL_EMBEDDING
@@ -87,3 +88,26 @@ def test_the_writer_embeds_only_what_its_wait_leaves_time_for():
     assert documents_embed_for_writer(documents=documents, timeout=0.001) is False
     statuses = [Document.objects.get(pk=document.pk).status for document in documents]
     assert statuses.count(DocumentStatus.PENDING) >= 3, statuses
+
+
+def test_a_database_error_in_the_writer_s_claim_leaves_the_note_to_the_worker():
+    """The note has committed when its writer claims it: a database error there (here the claim
+    waits on a row another connection holds, past lock_timeout) must not reach the writer, who
+    would report the stored note as failed (SciRAG's store_document_chunks said success: false)."""
+    collection = collection_create(name="held")
+    stored = document_create_from_text(collection=collection, source_uri="note://held", text=NOTE).document
+    holder = connections.create_connection("default")  # another session, as a worker would be
+    holder.set_autocommit(False)
+    try:
+        holder.cursor().execute("SELECT 1 FROM kb_document WHERE id = %s FOR UPDATE", [stored.pk])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")
+        try:
+            assert documents_embed_for_writer(documents=[stored], timeout=0.5) is False
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = 0")
+    finally:
+        holder.rollback()
+        holder.close()
+    assert Document.objects.get(pk=stored.pk).status == DocumentStatus.PENDING
