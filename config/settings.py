@@ -361,5 +361,6 @@ LOGGING = {
         "mcp.server.streamable_http_manager": {"level": "WARNING"},
         "django.security": {"handlers": ["callers_mistakes"], "propagate": False},
         "django.request": {"handlers": ["callers_mistakes"], "propagate": False},
+        "mcp.server.sse": {"handlers": ["callers_mistakes"], "propagate": False},
     },
 }

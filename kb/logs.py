@@ -12,13 +12,20 @@ from kb.errors import HTTP_STATUS, ErrorCode
 NOT_OUR_FAULT_STATUSES = {HTTP_STATUS[ErrorCode.LOAD_FAILED]}
 
 
+# The MCP SDK's SSE transport logs every message it cannot parse (a lone surrogate's escape is
+# one) at ERROR with the parser's traceback; it answered 400.
+CALLERS_MISTAKES_OF_THE_SDK = {("mcp.server.sse", "Failed to parse message")}
+
+
 class CallersMistakesAsWarnings(logging.Filter):
     """Django logs every request it refuses as suspicious (a Host header it does not serve, a
     broken session cookie) at ERROR with a full traceback; it answered 400. And it logs every
     5xx answer at ERROR, LOAD_FAILED's 502 too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        suspicious = record.name.startswith("django.security.")
+        suspicious = record.name.startswith("django.security.") or (
+            (record.name, record.msg) in CALLERS_MISTAKES_OF_THE_SDK
+        )
         if suspicious or getattr(record, "status_code", None) in NOT_OUR_FAULT_STATUSES:
             record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
             record.exc_info, record.exc_text = None, None

@@ -1,6 +1,7 @@
 """REST API: every failure is {"error": {"code", "message"}} with the HTTP status of the seed's table."""
 
 import io
+import json
 import logging
 from collections.abc import Callable
 
@@ -137,7 +138,7 @@ def test_an_escaped_nul_in_upload_metadata_is_400(client, files):
 def server_log_of(request: Callable[[], HttpResponse]) -> tuple[HttpResponse, str]:
     """A request's answer and what the server's log handlers wrote meanwhile."""
     names = ("stderr", "callers_mistakes")
-    loggers = [logging.getLogger(name) for name in ("", "django.security", "django.request")]
+    loggers = [logging.getLogger(name) for name in ("", "django.security", "django.request", "mcp.server.sse")]
     server_log = {handler for logger in loggers for handler in logger.handlers if handler.get_name() in names}
     assert {handler.get_name() for handler in server_log} == set(names)
     written = {handler: io.StringIO() for handler in server_log}
@@ -174,4 +175,20 @@ def test_a_file_that_cannot_be_read_is_502_and_one_warning_line(client):
     response, logged = server_log_of(lambda: post(client, "/api/collections/docs/documents", body))
     assert error_of(response) == (502, "LOAD_FAILED")
     assert "WARNING django.request: Bad Gateway: /api/collections/docs/documents" in logged
+    assert logged.count("\n") == 1
+
+
+def test_an_mcp_message_the_sdk_cannot_parse_is_one_warning_line():
+    """The SDK's SSE transport logs each message it cannot parse (a lone surrogate's escape is
+    one) at ERROR with the parser's traceback, though it answered 400: any client could fill the
+    log with tracebacks. Logged as the SDK logs it (mcp/server/sse.py, handle_post_message)."""
+
+    def sdk_refuses_a_message() -> None:
+        try:
+            json.loads('{"query": "\\ud800')
+        except ValueError:
+            logging.getLogger("mcp.server.sse").exception("Failed to parse message")
+
+    _, logged = server_log_of(sdk_refuses_a_message)
+    assert logged.endswith("WARNING mcp.server.sse: Failed to parse message\n")
     assert logged.count("\n") == 1
