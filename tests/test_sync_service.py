@@ -20,7 +20,7 @@ from django.utils import timezone
 from kb.errors import ErrorCode, KBError
 from kb.models import Collection, Document, Source, SourceItem, SyncRun, SyncStatus
 from kb.selectors.sources import SyncRunOut
-from kb.services.collections import collection_create
+from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_create_from_text
 from kb.services.ingest import document_ingest
 from kb.services.sources import (
@@ -442,6 +442,35 @@ def test_a_source_changed_while_it_runs_removes_nothing(roots, collection, monke
     assert run.status == SyncStatus.FAILED and run.removed == 0
     assert run.error == "The source was changed while it ran; nothing was removed"
     assert uris(collection) == file_uris(folder, "a.md", "b.md")
+
+
+@pytest.mark.django_db(transaction=True)  # each write commits, as in the worker
+@pytest.mark.parametrize("deleted", ["source", "collection"])
+def test_a_run_whose_source_or_collection_is_deleted_while_it_runs_stops_quietly(
+    roots, collection, monkeypatch, caplog, deleted
+):
+    """The run had raised (a foreign-key violation writing the source's item, or its own row gone)
+    and the worker logged an ERROR with a traceback; nothing was left half-written either way."""
+    from kb.services import sources
+
+    folder = roots / "docs"
+    write(folder, "a.md", "b.md")
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    sync_file = sources._sync_file
+
+    def deleted_meanwhile(source, *args, **kwargs):
+        if deleted == "source" and Source.objects.filter(pk=source.pk).exists():
+            source_delete(source=source)
+        elif deleted == "collection" and Collection.objects.filter(pk=collection.pk).exists():
+            collection_delete(name=collection.name, confirm=True)
+        return sync_file(source, *args, **kwargs)
+
+    monkeypatch.setattr(sources, "_sync_file", deleted_meanwhile)
+    run_id = sync_start(source=source).run.pk
+    assert sync_execute(run_id=run_id, worker="test-worker") is None
+    assert not SyncRun.objects.filter(pk=run_id).exists() and not SourceItem.objects.exists()
+    assert "its source or collection was deleted while it ran" in caplog.text
+    assert "Traceback" not in caplog.text and "ERROR" not in caplog.text
 
 
 def test_removed_counts_the_documents_removed(roots, collection):

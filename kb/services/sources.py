@@ -297,6 +297,11 @@ class _RunTakenAway(Exception):
     """The run's lease expired and it was given up while this worker still worked on it."""
 
 
+class _SourceGone(Exception):
+    """The source (or its collection, which takes the source and its runs with it) was deleted
+    while the run worked on it: the run stops, with nothing left to report to."""
+
+
 @dataclass
 class _Scan:
     """What a sync found: the items to compare, and whether the listing was complete."""
@@ -338,7 +343,7 @@ class _Progress:
             values["lease_expires_at"] = None
         written = SyncRun.objects.filter(pk=self.run.pk, status=SyncStatus.RUNNING).update(**values, **final)
         if not written:
-            raise _RunTakenAway()
+            raise _RunTakenAway() if SyncRun.objects.filter(pk=self.run.pk).exists() else _SourceGone()
         self._written = time.monotonic()
 
 
@@ -366,6 +371,8 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
             gone = _sync(run.source, progress)
     except _RunTakenAway:
         return _given_up(run_id)
+    except _SourceGone:
+        return _source_gone(run_id)
     except KBError as error:  # the scan could not start: the folder is gone, outside the roots...
         run.error = f"{error.message}; nothing was removed"
     except DatabaseError:
@@ -378,7 +385,10 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
     try:
         # Removal and the run's end commit together: a run given up meanwhile removes nothing.
         with transaction.atomic():
-            if gone and _scope(Source.objects.select_for_update().get(pk=run.source.pk)) != _scope(run.source):
+            locked = Source.objects.select_for_update().filter(pk=run.source.pk).first()
+            if locked is None:
+                raise _SourceGone()
+            if gone and _scope(locked) != _scope(run.source):
                 run.error = "The source was changed while it ran; nothing was removed"
                 gone = []
             run.removed = _remove(run.source, gone)
@@ -386,6 +396,8 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
             progress.write(status=status, error=run.error, finished_at=timezone.now())
     except _RunTakenAway:
         return _given_up(run_id)
+    except _SourceGone:
+        return _source_gone(run_id)
     run.refresh_from_db()
     return run
 
@@ -399,6 +411,10 @@ def _scope(source: Source) -> tuple:
 def _renew_lease(run_id: str) -> bool:
     lease = timezone.now() + timedelta(seconds=settings.KB_SYNC_LEASE_SECONDS)
     return bool(SyncRun.objects.filter(pk=run_id, status=SyncStatus.RUNNING).update(lease_expires_at=lease))
+
+
+def _source_gone(run_id: str) -> None:
+    logger.info("sync run %s stopped: its source or collection was deleted while it ran", run_id)
 
 
 def _given_up(run_id: str) -> SyncRun:
@@ -524,9 +540,14 @@ def _ingest(source: Source, loaded: LoadedSource, items: dict[str, SourceItem], 
         # to decide. A curator allowed only to edit sources had deleted others' documents so.
         return
     if item is None:
-        items[loaded.source_uri] = SourceItem.objects.create(
-            source=source, uri=loaded.source_uri, etag=loaded.etag, last_modified=loaded.last_modified
-        )
+        try:
+            items[loaded.source_uri] = SourceItem.objects.create(
+                source=source, uri=loaded.source_uri, etag=loaded.etag, last_modified=loaded.last_modified
+            )
+        except IntegrityError:
+            if not Source.objects.filter(pk=source.pk).exists():
+                raise _SourceGone() from None
+            raise
     elif (item.etag, item.last_modified) != (loaded.etag, loaded.last_modified):
         item.etag, item.last_modified = loaded.etag, loaded.last_modified
         item.save(update_fields=["etag", "last_modified"])
