@@ -195,11 +195,12 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_EXPIRES = 3600
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-# Two lanes: "celery" (the default) for bulk work, "interactive" for the few chunks an agent or a
-# curator waits for. A worker started without -Q consumes both; `make run` adds a worker that
-# consumes only "interactive", so a note is embedded at once even during a bulk import.
+# Lanes: "celery" (the default) for bulk work, "interactive" for the few chunks an agent or a
+# curator waits for, "sync" for sync runs. A worker started without -Q consumes all three; `make
+# run` adds a worker that consumes only "interactive", so a note is embedded at once even during a
+# bulk import.
 CELERY_TASK_DEFAULT_QUEUE = "celery"
-CELERY_TASK_QUEUES = {"celery": {}, "interactive": {}}  # kb.work_lanes
+CELERY_TASK_QUEUES = {"celery": {}, "interactive": {}, "sync": {}}  # kb.work_lanes
 # Documents of at most this many chunks, written outside bulk work (folder imports, re-embeds),
 # take the interactive lane.
 KB_INTERACTIVE_MAX_CHUNKS = env_int("KB_INTERACTIVE_MAX_CHUNKS", 64, minimum=0)

@@ -16,7 +16,7 @@ from django.utils import timezone
 from kombu.exceptions import KombuError
 
 from kb.models import Document, DocumentStatus, SyncRun, SyncStatus
-from kb.work_lanes import INTERACTIVE_QUEUE
+from kb.work_lanes import INTERACTIVE_QUEUE, SYNC_QUEUE
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def enqueue_sync(run_id: str) -> None:
     due_now = lambda: SyncRun.objects.filter(pk=run_id, status=SyncStatus.QUEUED).update(  # noqa: E731
         lease_expires_at=timezone.now()
     )
-    _send_after_commit(SYNC_SOURCE, run_id, unsent=due_now)
+    _send_after_commit(SYNC_SOURCE, run_id, unsent=due_now, queue=SYNC_QUEUE)
 
 
 def documents_due_now(document_ids: Sequence[str]) -> None:

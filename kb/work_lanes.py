@@ -10,6 +10,10 @@ from django.conf import settings
 
 # The lane's Celery queue (settings.CELERY_TASK_QUEUES); bulk work takes the default one.
 INTERACTIVE_QUEUE = "interactive"
+# Sync runs take a queue of their own: one run queues a message per document it stores, and a
+# sync asked for after a 10,000-file one had waited behind all of them (about 45 minutes). A worker
+# takes from its queues in turn, so a run starts as soon as a process of the worker is free.
+SYNC_QUEUE = "sync"
 
 _bulk: contextvars.ContextVar[bool] = contextvars.ContextVar("kb_bulk_work", default=False)
 

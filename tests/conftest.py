@@ -60,9 +60,11 @@ def answer_writes_at_once() -> Iterator[None]:
 def live_worker(db: None) -> None:
     """A worker on every queue, as far as /health can tell (its heartbeat row; the real bootstep
     that writes it is tested with a real worker in test_embedding_worker)."""
+    from django.conf import settings
+
     from kb.services.workers import worker_beat
 
-    worker_beat(hostname="test-worker@localhost", queues=["celery", "interactive"])
+    worker_beat(hostname="test-worker@localhost", queues=list(settings.CELERY_TASK_QUEUES))
 
 
 @pytest.fixture

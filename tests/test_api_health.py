@@ -122,13 +122,17 @@ def test_without_a_worker_on_every_queue_the_server_is_degraded_not_ready(client
 
     status, worker, ready = worker_state()
     assert (status, ready, worker["workers"]) == ("degraded", 503, 0)
-    assert worker["error"] == "no live worker consumes celery, interactive: documents wait for embedding"
-    worker_beat(hostname="bulk@host", queues=["celery"])
+    assert worker["error"] == "no live worker consumes celery, interactive, sync: documents wait for embedding"
+    worker_beat(hostname="bulk@host", queues=["celery", "sync"])
     status, worker, ready = worker_state()
-    assert (status, ready, worker["queues"]) == ("degraded", 503, {"celery": 1, "interactive": 0})
+    assert (status, ready, worker["queues"]) == ("degraded", 503, {"celery": 1, "interactive": 0, "sync": 1})
     assert "consumes interactive:" in worker["error"]
     worker_beat(hostname="interactive@host", queues=["interactive"])
-    assert worker_state() == ("ok", {"ok": True, "workers": 2, "queues": {"celery": 1, "interactive": 1}}, 200)
+    assert worker_state() == (
+        "ok",
+        {"ok": True, "workers": 2, "queues": {"celery": 1, "interactive": 1, "sync": 1}},
+        200,
+    )
     # A worker that stopped beating (killed) no longer counts; one that stopped cleanly is gone.
     WorkerHeartbeat.objects.filter(hostname="bulk@host").update(
         last_seen_at=timezone.now() - timedelta(seconds=3 * settings.KB_WORKER_HEARTBEAT_SECONDS + 1)

@@ -215,7 +215,7 @@ def test_a_worker_s_heartbeat_with_its_queues_lasts_while_it_runs(tmp_path, clie
             what="the heartbeat to be renewed",
         )
         worker_check = client.get("/api/health").json()["checks"]["worker"]
-        assert worker_check["queues"] == {"celery": 0, "interactive": 1}
+        assert worker_check["queues"] == {"celery": 0, "interactive": 1, "sync": 0}
     finally:
         worker.stop()
     assert not WorkerHeartbeat.objects.filter(pk=beat.pk).exists()

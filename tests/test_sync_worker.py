@@ -28,6 +28,7 @@ from kb.models import (
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from kb.services.sources import source_create, sync_execute, sync_start
+from kb.work_lanes import bulk_work
 from tests.conftest import ChildProcess, start_worker, wait_for
 from tests.support.fake_providers import fake_vector
 from tests.support.http_server import json_body, serve
@@ -494,3 +495,37 @@ def test_a_live_worker_s_run_is_not_given_up_while_its_sitemap_scan_outlasts_the
         )
         assert run.added == sitemaps
         assert uris_of(collection) == {f"{site_base}/page-{n}" for n in range(sitemaps)}
+
+
+# --- a sync does not wait behind bulk embedding --------------------------------------------------
+
+
+def test_a_sync_starts_while_thousands_of_documents_wait_for_embedding(tmp_path, workers, settings):
+    """A sync run takes its own queue: behind the 200 embedding messages of a bulk import (each
+    slowed to 50 ms by the fake provider), a sync asked for later ends while most still wait. In
+    the one queue they shared, a sync after a 10,000-file one had waited about 45 minutes."""
+    counter = CountingOllama()
+
+    def slow_embed(handler, body):
+        time.sleep(0.05)
+        return counter.embed(handler, body)
+
+    with serve({"/api/embed": slow_embed}) as base:
+        settings.OLLAMA_HOST = base
+        bulk = remote_collection("bulk")
+        with bulk_work():
+            for n in range(200):
+                document_create_from_text(collection=bulk, source_uri=f"note://{n}", text=f"Bulk note {n}.")
+        folder = tmp_path / "roots" / "docs"
+        write(folder / "a.md", "# A\n\nThe file a sync brings.")
+        settings.KB_FILE_ROOTS = [tmp_path / "roots"]
+        source = source_create(collection=remote_collection("synced"), name="docs", folder=str(folder))
+        run_id = sync_start(source=source).run.pk
+        workers(worker_env(tmp_path / "roots", base))
+        wait_for(
+            lambda: SyncRun.objects.get(pk=run_id).status == SyncStatus.SUCCEEDED,
+            timeout=120,
+            what="the sync run to end",
+        )
+        waiting = Document.objects.filter(collection=bulk, status=DocumentStatus.PENDING).count()
+    assert waiting >= 100, f"only {waiting} of 200 bulk documents were still waiting when the sync ended"
