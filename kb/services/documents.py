@@ -189,11 +189,15 @@ def collection_index_lock(*, collection_id: int) -> None:
     document rows and the per-term counters, a writer (inserting the new chunks' terms, then
     deleting the old ones') and a delete of another document had deadlocked."""
     with connection.cursor() as cursor:
+        # Locked as an UPDATE would lock it, without writing a new version of the row for every
+        # write (a sync checks thousands of files). Two statements: the second one's snapshot
+        # sees the row another writer made and committed while the first waited for it.
         cursor.execute(
             "INSERT INTO kb_collection_stats (collection_id, chunk_count, total_length) VALUES (%s, 0, 0) "
-            "ON CONFLICT (collection_id) DO UPDATE SET chunk_count = kb_collection_stats.chunk_count",
+            "ON CONFLICT (collection_id) DO NOTHING",
             [collection_id],
         )
+        cursor.execute("SELECT 1 FROM kb_collection_stats WHERE collection_id = %s FOR NO KEY UPDATE", [collection_id])
 
 
 def _chunk(document: Document, collection: Collection, draft: ChunkDraft) -> Chunk:
