@@ -51,3 +51,7 @@ def run_management(argv: list[str]) -> None:
         execute_from_command_line(argv)
     except ImproperlyConfigured as error:
         sys.exit(f"Configuration error: {error}")
+
+
+if __name__ == "__main__":  # `python -m kb.cli`, as well as the installed `kb`
+    main()

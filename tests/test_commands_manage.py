@@ -211,3 +211,17 @@ def test_kb_token_refuses_a_name_the_database_cannot_hold(library, name):
 def test_kb_token_refuses_to_revoke_an_unknown_prefix(library):
     with pytest.raises(CommandError, match="INVALID_ARGUMENT"):
         run("kb_token", "revoke", "00000000")
+
+
+@pytest.mark.parametrize(("command", "first"), [(("kb_collections", "list"), "NAME"), (("kb_token", "list"), "PREFIX")])
+def test_an_empty_listing_is_its_header(command, first):
+    """A fresh install's first listing had raised TypeError (max() of one number)."""
+    lines = run(*command).splitlines()
+    assert len(lines) == 1 and lines[0].split()[0] == first
+
+
+def test_kb_token_refuses_an_expiry_past_a_century(library):
+    """A date past year 9999 had been an OverflowError traceback."""
+    with pytest.raises(CommandError, match="--expires-days must be between 1 and 36500"):
+        run("kb_token", "create", "far", "--expires-days", "99999999")
+    assert not ApiToken.objects.exists()

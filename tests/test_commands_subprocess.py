@@ -49,3 +49,11 @@ def test_a_failing_command_exits_non_zero_with_the_reason_on_stderr(tmp_path):
     result = manage("kb_ingest", "missing.md", "--collection", "nope", cwd=tmp_path, timeout=120)
     assert result.returncode == 1
     assert "COLLECTION_NOT_FOUND: Collection not found: nope" in result.stderr
+
+
+def test_python_m_kb_cli_runs_the_kb_command(tmp_path):
+    """It had done nothing and exited 0, an unknown command too."""
+    unknown = subprocess.run(
+        [sys.executable, "-m", "kb.cli", "bogus"], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60
+    )
+    assert unknown.returncode != 0 and "kb: unknown command 'bogus'" in unknown.stderr

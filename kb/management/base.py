@@ -32,7 +32,7 @@ class KBCommand(BaseCommand):
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Left-aligned text columns, numbers right-aligned."""
     cells = [[_cell(value) for value in row] for row in rows]
-    widths = [max(len(str(header)), *(len(row[i]) for row in cells)) for i, header in enumerate(headers)]
+    widths = [max([len(str(header)), *(len(row[i]) for row in cells)]) for i, header in enumerate(headers)]
     numeric = [all(isinstance(row[i], int | float) for row in rows) and bool(rows) for i in range(len(headers))]
 
     def line(values: Sequence[str]) -> str:

@@ -9,6 +9,9 @@ from kb.models import TokenScope
 from kb.selectors.tokens import token_list
 from kb.services.tokens import token_create, token_revoke
 
+# A century: past it, the expiry date would not fit a date (year 9999) soon enough to matter.
+MAX_EXPIRES_DAYS = 36_500
+
 
 class Command(KBCommand):
     help = (
@@ -38,8 +41,8 @@ class Command(KBCommand):
         {"create": self._create, "list": self._list, "revoke": self._revoke}[action](**options)
 
     def _create(self, name: str, scope: str, collections: list[str], expires_days: int | None, **options: Any) -> None:
-        if expires_days is not None and expires_days < 1:
-            raise CommandError("--expires-days must be at least 1")
+        if expires_days is not None and not 1 <= expires_days <= MAX_EXPIRES_DAYS:
+            raise CommandError(f"--expires-days must be between 1 and {MAX_EXPIRES_DAYS}")
         expires_at = timezone.now() + timedelta(days=expires_days) if expires_days else None
         token, raw = token_create(name=name, scope=scope, collections=collections, expires_at=expires_at)
         self.stderr.write(f"Created token {token.prefix} ({token.scope}). Store it now, it is not shown again:")
