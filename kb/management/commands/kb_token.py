@@ -9,7 +9,7 @@ from kb.models import TokenScope
 from kb.selectors.tokens import token_list
 from kb.services.tokens import token_create, token_revoke
 
-# A century: past it, the expiry date would not fit a date (year 9999) soon enough to matter.
+# A century. Far larger values overflow Python's dates (past year 9999): a traceback, not an error.
 MAX_EXPIRES_DAYS = 36_500
 
 
