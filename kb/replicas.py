@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger(__name__)
@@ -90,6 +90,22 @@ def reads_from_replica(function: Callable[P, R]) -> Callable[P, R]:
 def read_connection() -> BaseDatabaseWrapper:
     """The connection raw-SQL reads use: the block's replica, else the primary."""
     return connections[_read_alias.get() or DEFAULT_DB_ALIAS]
+
+
+@contextlib.contextmanager
+def read_snapshot() -> Iterator[BaseDatabaseWrapper]:
+    """A transaction on the read connection in which every statement sees one snapshot (REPEATABLE
+    READ), for reads made of several statements: a document replaced meanwhile is seen whole, as it
+    was before or as it is after, never its old chunk ids ranked and then found gone. Under READ
+    COMMITTED each statement would see the commits made since the one before. Inside a
+    transaction already open (a service that reads before it writes) it joins that one."""
+    connection = read_connection()
+    outermost = not connection.in_atomic_block
+    with transaction.atomic(using=connection.alias):
+        if outermost:  # must be the transaction's first statement
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield connection
 
 
 def _choose() -> str:

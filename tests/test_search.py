@@ -624,3 +624,23 @@ def test_with_kb_embed_headings_a_chunk_is_embedded_after_its_section_titles(db,
         collection=collection, source_uri="m://g", text=text.replace("# Glider", "# Sailplane"), content_type="markdown"
     )
     assert renamed.chunks_reused == (0 if with_headings else 1)
+
+
+def test_copies_of_one_text_rank_by_chunk_id_whatever_top_k(corpus):
+    # Equal similarities: a longer list extends a shorter one, as in keyword and hybrid lists.
+    collection, _ = corpus
+    copies = [
+        document_create_from_text(collection=collection, source_uri=f"copy://{n}", text=TOPICS["flutter"]).document
+        for n in range(3)
+    ]
+    for copy in reversed(copies):
+        embed_now(copy.pk)
+    query = "flutter of aeroelastic models"
+    for kind in ("semantic", "hybrid", "keyword"):
+        longest = search(query=query, collections=["aero"], mode=kind, top_k=4).results
+        assert [r.source_uri for r in longest[:4]].count("note://flutter") == 1, kind
+        ids = [r.chunk_id for r in longest if r.content == TOPICS["flutter"]]
+        assert ids == sorted(ids) and len(ids) == 4, kind
+        for top_k in (1, 2, 3):
+            shorter = search(query=query, collections=["aero"], mode=kind, top_k=top_k).results
+            assert [r.chunk_id for r in shorter] == [r.chunk_id for r in longest[:top_k]], (kind, top_k)

@@ -19,7 +19,9 @@ def fuse(
     if mode == "keyword":
         return list(keyword_hits)
     if mode == "semantic":
-        return sorted(((chunk_id, sim) for chunk_id, (_, sim) in vector_hits.items()), key=lambda item: -item[1])
+        return sorted(
+            ((chunk_id, sim) for chunk_id, (_, sim) in vector_hits.items()), key=lambda item: (-item[1], item[0])
+        )
     for rank, (chunk_id, _) in enumerate(keyword_hits, start=1):
         scores[chunk_id] += 2 * (1 - weight) / (k + rank)
     for chunk_id, (rank, _) in vector_hits.items():

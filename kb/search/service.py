@@ -37,12 +37,11 @@ from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 from django.conf import settings
-from django.db import transaction
 
 from kb.embedding_providers import EmbeddingError
 from kb.errors import ErrorCode, KBError
 from kb.models import DEFAULT_TOP_K, MAX_TOP_K, Collection
-from kb.replicas import read_connection, reads_from_replica
+from kb.replicas import read_snapshot, reads_from_replica
 from kb.search.bm25 import KeywordQuery
 from kb.search.filters import (
     MAX_FILTER_DOCUMENTS,
@@ -59,6 +58,9 @@ from kb.storable import check_storable
 Fusion = Literal["convex", "rrf"]
 FUSIONS: tuple[str, ...] = get_args(Fusion)
 MIN_CANDIDATE_DEPTH = 100
+# A semantic list reads this far past its top k: the graph search cuts among equal distances
+# (copies of one text) wherever its walk took it, so the copies are sorted by chunk id past the cut.
+SEMANTIC_TIE_MARGIN = 10
 MAX_CANDIDATE_DEPTH = 10_000
 
 
@@ -113,13 +115,16 @@ def search(
         content_types=None if content_types is None else tuple(checked_content_types(content_types)),
         metadata=tuple(parse_metadata_filter(metadata or {})),
     )
-    deep = mode == "hybrid" or group_by_document  # fusion and grouping look past the top k
-    depth = max(candidate_depth or 0, max(MIN_CANDIDATE_DEPTH, 3 * top_k) if deep else top_k)
+    if mode == "hybrid" or group_by_document:  # fusion and grouping look past the top k
+        depth = max(MIN_CANDIDATE_DEPTH, 3 * top_k)
+    else:
+        depth = top_k + SEMANTIC_TIE_MARGIN if mode == "semantic" else top_k
+    depth = max(candidate_depth or 0, depth)
     warnings: list[str] = []
     if not targets:
         return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=[])
 
-    with transaction.atomic(using=read_connection().alias):  # SET LOCAL needs a transaction; one snapshot
+    with read_snapshot():  # one snapshot for ranking and loading; SET LOCAL needs a transaction too
         keyword = KeywordQuery.of(query, filters) if mode in ("keyword", "hybrid") and weight < 1.0 else None
         keyword_hits = keyword.top(depth) if keyword else []
         vector_hits: dict[int, tuple[int, float]] = {}

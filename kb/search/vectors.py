@@ -107,7 +107,8 @@ def _nearest(
             "SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true)",
             [str(ef_search(model, depth, cursor, ranked=ranked))],
         )
-        # relaxed_order may return neighbours slightly out of order: sort again outside.
+        # relaxed_order may return neighbours slightly out of order: sort again outside (equal
+        # distances, copies of one text, by chunk id, as keyword and hybrid lists order their ties).
         cursor.execute(
             f"""
             WITH nearest AS MATERIALIZED (
@@ -116,7 +117,7 @@ def _nearest(
                 WHERE e.model_id = %s AND e.collection_id = ANY(%s)
                 ORDER BY distance LIMIT %s
             )
-            SELECT chunk_id, 1 - distance FROM nearest ORDER BY distance
+            SELECT chunk_id, 1 - distance FROM nearest ORDER BY distance, chunk_id
             """,
             [query_vector, *document_params, model.pk, list(filters.collection_ids), depth],
         )
@@ -130,7 +131,7 @@ def _exact_nearest(cursor, model, expression, query_vector, filters, depth) -> l
         SELECT e.chunk_id, 1 - ({expression} <=> %s::vector({model.dimensions})) AS similarity
         FROM kb_embedding e JOIN kb_chunk c ON c.id = e.chunk_id JOIN kb_document d ON d.id = c.document_id
         WHERE e.model_id = %s AND e.collection_id = ANY(%s) AND {where}
-        ORDER BY similarity DESC LIMIT %s
+        ORDER BY similarity DESC, e.chunk_id LIMIT %s
         """,
         [query_vector, model.pk, list(filters.collection_ids), *params, depth],
     )

@@ -4,7 +4,7 @@ from django.db.models import QuerySet
 
 from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document, DocumentStatus
-from kb.replicas import reads_from_replica
+from kb.replicas import read_snapshot, reads_from_replica
 
 
 def document_get(*, doc_id: str) -> Document:
@@ -54,14 +54,17 @@ def chunk_neighbors(*, document: Document, chunk_index: int, before: int = 1, af
             raise KBError(ErrorCode.INVALID_ARGUMENT, f"{name} must be between 0 and {MAX_NEIGHBORS}")
     if not 0 <= chunk_index <= MAX_OFFSET:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"chunk_index must be between 0 and {MAX_OFFSET}")
-    ordered = document_chunks(document=document)
-    hit = ordered.filter(index=chunk_index).first()
-    if hit is None:
-        raise KBError(
-            ErrorCode.INVALID_ARGUMENT,
-            f"Document {document.id} has no chunk {chunk_index} (it has {document.chunk_count} chunks)",
-        )
-    # By position, not index arithmetic: chunks stored by a client may skip indices.
-    preceding = list(ordered.filter(index__lt=chunk_index).order_by("-index")[:before]) if before else []
-    following = list(ordered.filter(index__gt=chunk_index)[:after]) if after else []
+    with read_snapshot():  # the chunk and its neighbours from one version of the document
+        ordered = document_chunks(document=document)
+        hit = ordered.filter(index=chunk_index).first()
+        if hit is None:
+            count = Document.objects.filter(pk=document.pk).values_list("chunk_count", flat=True).first()
+            if count is None:  # deleted since the caller found it
+                raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {document.pk}")
+            raise KBError(
+                ErrorCode.INVALID_ARGUMENT, f"Document {document.pk} has no chunk {chunk_index} (it has {count} chunks)"
+            )
+        # By position, not index arithmetic: chunks stored by a client may skip indices.
+        preceding = list(ordered.filter(index__lt=chunk_index).order_by("-index")[:before]) if before else []
+        following = list(ordered.filter(index__gt=chunk_index)[:after]) if after else []
     return [*reversed(preceding), hit, *following]
