@@ -5,13 +5,14 @@ no ML library until a text is embedded. The default local model runs on ONNX Run
 PyTorch); sentence-transformers and torch are an optional install for other local models.
 """
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -85,8 +86,9 @@ class OnnxMiniLMEmbedder:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         return self.embed_array(texts).tolist()
 
-    def embed_array(self, texts: Sequence[str]) -> Any:
-        """The vectors as one float32 array (one row of 384 per text), in the order of ``texts``."""
+    def embed_array(self, texts: Sequence[str], *, first_window_only: bool = False) -> Any:
+        """The vectors as one float32 array (one row of 384 per text), in the order of ``texts``;
+        ``first_window_only``: each text read as sentence-transformers reads it, its first window."""
         import numpy as np
 
         if self._model_file is None:
@@ -95,7 +97,7 @@ class OnnxMiniLMEmbedder:
         # One row per window: a text longer than the model's window has overflowing encodings.
         windows, owners = [], []
         for index, encoding in enumerate(tokenizer.encode_batch(list(texts))):
-            for window in (encoding, *encoding.overflowing):
+            for window in (encoding,) if first_window_only else (encoding, *encoding.overflowing):
                 windows.append(window.ids)
                 owners.append(index)
         sums = np.zeros((len(texts), MINILM_DIMENSIONS), dtype=np.float32)
@@ -388,11 +390,30 @@ def embed_texts(provider: str, model_name: str, texts: Sequence[str]) -> list[li
     vectors: list[list[float]] = []
     size = settings.EMBEDDING_BATCH_SIZE
     for start in range(0, len(texts), size):
-        try:
+        with _failures_as_embedding_errors(provider, model_name):
             vectors.extend(embedder.embed(texts[start : start + size]))
-        except EmbeddingError:
-            raise
-        except Exception as exc:
-            logger.exception("embedding with %s:%s failed", provider, model_name)
-            raise EmbeddingError(f"{provider}:{model_name} failed: {exc}", retryable=True) from exc
     return vectors
+
+
+def embed_query(provider: str, model_name: str, query: str) -> list[float]:
+    """A search query's vector. The local model reads a query's first window only (MAX_WORD_PIECES
+    word pieces, some 1,000 characters of English), as sentence-transformers would: a query is
+    embedded while its caller waits, and 10,000 characters of CJK text (the query length limit)
+    are 40 windows, 11 s of CPU, where a chunk's windows are worth the worker's time. Other
+    providers take the query whole and bound their own input."""
+    embedder = embedder_for(provider, model_name)
+    if not isinstance(embedder, OnnxMiniLMEmbedder):
+        return embed_texts(provider, model_name, [query])[0]
+    with _failures_as_embedding_errors(provider, model_name):
+        return embedder.embed_array([query], first_window_only=True)[0].tolist()
+
+
+@contextlib.contextmanager
+def _failures_as_embedding_errors(provider: str, model_name: str) -> Iterator[None]:
+    try:
+        yield
+    except EmbeddingError:
+        raise
+    except Exception as exc:
+        logger.exception("embedding with %s:%s failed", provider, model_name)
+        raise EmbeddingError(f"{provider}:{model_name} failed: {exc}", retryable=True) from exc

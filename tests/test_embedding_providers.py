@@ -20,6 +20,7 @@ from kb.embedding_providers import (
     SentenceTransformerEmbedder,
     _onnx_runtime,
     _onnx_sessions,
+    embed_query,
     embed_texts,
     embedder_for,
     local_model_path,
@@ -124,6 +125,15 @@ def test_a_text_longer_than_the_model_window_reaches_its_vector_to_the_end():
     within = embed_texts("local", "all-MiniLM-L6-v2", [text(200, "chocolate cake recipe")])[0]
     alone = OnnxMiniLMEmbedder("all-MiniLM-L6-v2").embed([text(200, "chocolate cake recipe"), cake])[0]
     assert cosine(within, alone) > 0.99999  # one window: the model's own vector, whatever else is in the batch
+
+
+def test_a_query_is_read_as_its_first_window_only():
+    # A query is embedded while its caller waits: however long, it costs one window of the model.
+    window = " ".join(["wing"] * (MAX_WORD_PIECES - 2))  # "wing" is one word piece; [CLS] and [SEP]
+    query = window + " chocolate cake recipe" * 3000  # some 50 more windows
+    vector = embed_query("local", "all-MiniLM-L6-v2", query)
+    assert cosine(vector, embed_texts("local", "all-MiniLM-L6-v2", [window])[0]) > 0.99999
+    assert cosine(vector, embed_texts("local", "all-MiniLM-L6-v2", [query])[0]) < 0.9  # a chunk reads it all
 
 
 def _embed_in_forked_child() -> tuple[int, int]:

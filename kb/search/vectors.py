@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from django.conf import settings
 from pgvector import Vector
 
-from kb.embedding_providers import EmbeddingError, embed_texts
+from kb.embedding_providers import EmbeddingError, embed_query
 from kb.models import Collection, EmbeddingModel
 from kb.replicas import read_connection
 from kb.search.filters import Filters
@@ -42,7 +42,7 @@ class QueryEmbeddingCache:
                 self.hits += 1
                 return self._items[key]
             self.misses += 1
-        return self.remember(model, query, embed_texts(model.provider, model.name, [query])[0])
+        return self.remember(model, query, embed_query(model.provider, model.name, query))
 
     def remember(self, model: EmbeddingModel, query: str, vector: Sequence[float]) -> str:
         """Keep ``query``'s vector of ``model`` (bench/search.py gives vectors it computed itself)."""
