@@ -417,6 +417,8 @@ def test_filtered_vector_search_still_fills_top_k_through_the_index(corpus, monk
         ({"collections": ["missing"]}, ErrorCode.COLLECTION_NOT_FOUND),
         ({"metadata": {"year": {"$regex": "x"}}}, ErrorCode.INVALID_ARGUMENT),
         ({"metadata": {"year": {"$gt": [1]}}}, ErrorCode.INVALID_ARGUMENT),
+        ({"metadata": {"$or": [{"topic": "wings"}, {"topic": "heat"}]}}, ErrorCode.INVALID_ARGUMENT),
+        ({"metadata": {"$where": "1=1"}}, ErrorCode.INVALID_ARGUMENT),
         ({"top_k": 0}, ErrorCode.INVALID_ARGUMENT),
         ({"top_k": 101}, ErrorCode.INVALID_ARGUMENT),
         ({"mode": "fuzzy"}, ErrorCode.INVALID_ARGUMENT),

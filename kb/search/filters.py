@@ -127,6 +127,12 @@ def parse_metadata_filter(metadata: dict[str, Any]) -> list[tuple[str, str, Any]
     for key, condition in metadata.items():
         if not isinstance(key, str) or not key:
             raise KBError(ErrorCode.INVALID_ARGUMENT, "Metadata filter keys must be non-empty strings")
+        if key.startswith("$"):  # $or, $and, $not... read as a field name, they had matched nothing
+            raise KBError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"{key!r} is not a field: a filter's fields all hold together (AND), and operators "
+                f"({', '.join(METADATA_OPERATORS)}) go inside a field's condition",
+            )
         operators = condition if isinstance(condition, dict) else {"$eq": condition}
         if not operators:
             raise KBError(ErrorCode.INVALID_ARGUMENT, f"The filter on {key!r} has no condition")
