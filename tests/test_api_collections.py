@@ -133,6 +133,8 @@ def test_a_model_the_provider_cannot_use_is_refused_before_anything_changes(clie
 
 def test_a_refused_update_changes_nothing(client):
     collection_create(name="docs")
+    for loose in ({"search_hybrid": "no"}, {"search_top_k": "5"}, {"semantic_weight": "0.5"}, {"search_hybrid": 0}):
+        assert error_of(patch(client, "/api/collections/docs", loose)) == (400, "INVALID_ARGUMENT"), loose
     response = patch(client, "/api/collections/docs", {"description": "New", "chunk_min_tokens": 600})
     assert error_of(response) == (400, "INVALID_ARGUMENT")
     # The settings are saved, then the model is refused: both or neither.

@@ -127,6 +127,15 @@ def test_filters_narrow_the_results(client, library):
         {"query": "x", "content_types": ["cobol"]},
         {"query": "x", "metadata": {"year": {"$regex": "."}}},
         {"top_k": 3},
+        # A JSON body is typed as JSON types it, as MCP's rag_search takes it: no coercion.
+        {"query": "x", "top_k": "5"},
+        {"query": "x", "top_k": True},
+        {"query": "x", "top_k": 5.0},
+        {"query": "x", "semantic_weight": "0.5"},
+        {"query": "x", "semantic_weight": True},
+        {"query": "x", "group_by_document": "true"},
+        {"query": "x", "group_by_document": 1},
+        {"query": 5},
     ],
 )
 def test_invalid_search_arguments_are_400(client, body):

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Path, Schema
-from pydantic import ConfigDict, Field, Json, StrictBool, StrictInt, field_validator
+from pydantic import ConfigDict, Field, Json, field_validator
 
 from kb.ingestion.formats import CONTENT_TYPES
 from kb.models import (
@@ -59,6 +59,13 @@ DocumentId = Annotated[
 class InputSchema(Schema):
     # What the database can store is checked by the services (kb.storable), for every door alike.
     model_config = ConfigDict(extra="forbid")
+
+
+class BodyInputSchema(InputSchema):
+    """A JSON body: typed as JSON types it, so "5" is not 5, true is not 1 and "no" is not false
+    (the MCP tools' JSON Schemas refuse them too). Query strings and forms stay text to convert."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -164,7 +171,7 @@ class CollectionOut(Schema):
         )
 
 
-class CollectionCreateIn(InputSchema):
+class CollectionCreateIn(BodyInputSchema):
     name: str = Field(pattern=COLLECTION_NAME_PATTERN, max_length=COLLECTION_NAME_MAX_LENGTH, examples=["docs"])
     description: str = Field("", max_length=10_000)
     embedding_provider: ProviderName | None = Field(None, description="Default: EMBEDDING_PROVIDER")
@@ -179,7 +186,7 @@ class CollectionCreateIn(InputSchema):
     semantic_weight: float | None = Field(None, ge=0.0, le=1.0, description="Hybrid fusion weight; None: default")
 
 
-class CollectionUpdateIn(InputSchema):
+class CollectionUpdateIn(BodyInputSchema):
     """Only the fields given change. A new embedding model is filled in the background."""
 
     description: str | None = Field(None, max_length=10_000)
@@ -335,7 +342,7 @@ class NeighborsOut(Schema):
         )
 
 
-class IngestIn(InputSchema):
+class IngestIn(BodyInputSchema):
     uri: str = Field(
         min_length=1,
         description="file:// (under KB_FILE_ROOTS), http(s):// or data: URI; a directory ingests every file in it",
@@ -433,7 +440,7 @@ class DocumentDeletedOut(Schema):
 # --- search, stats, health --------------------------------------------------------------------
 
 
-class SearchIn(InputSchema):
+class SearchIn(BodyInputSchema):
     query: str = Field(min_length=1, max_length=10_000, examples=["How do I deploy the service?"])
     collections: list[str] | None = Field(None, max_length=1000, description="Default: every collection you can see")
     top_k: TopK | None = Field(None, description=f"Default: the collection's search_top_k, else {DEFAULT_TOP_K}")
@@ -483,16 +490,16 @@ SourceName = Annotated[
 SyncRunId = Annotated[str, Path(pattern=r"^[0-9A-Za-z]{26}$", description="Sync run ID (ULID)")]
 
 
-class SourceCreateIn(InputSchema):
+class SourceCreateIn(BodyInputSchema):
     name: str = Field(description="Letters, digits, '-' and '_'", examples=["handbook"])
     collection: str = Field(description="The collection the source keeps in sync")
     folder: str = Field("", description="A folder under KB_FILE_ROOTS (file:// URI or path); or give urls")
-    recursive: StrictBool = Field(True, description="Folders: include subfolders")
+    recursive: bool = Field(True, description="Folders: include subfolders")
     include: list[str] = Field([], description="Folders: globs a file must match, e.g. ['*.md', 'docs/*']")
     exclude: list[str] = Field([], description="Folders: globs of files to leave out")
     urls: list[str] = Field([], description="http(s) URLs to follow")
     sitemap_url: str = Field("", description="A sitemap whose page URLs are followed too")
-    interval_minutes: StrictInt | None = Field(None, description="Sync on this schedule; omit for on demand only")
+    interval_minutes: int | None = Field(None, description="Sync on this schedule; omit for on demand only")
 
 
 class SourceListOut(Schema):
