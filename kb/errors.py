@@ -42,8 +42,14 @@ HTTP_STATUS = {
 }
 
 
+# A message names what the caller sent (an id, a name): one of 10,000 characters came back whole.
+MAX_MESSAGE_CHARS = 1000
+
+
 class KBError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = f"{message[:MAX_MESSAGE_CHARS]}… [{len(message) - MAX_MESSAGE_CHARS} more characters]"
         super().__init__(message)
         self.code = code
         self.message = message
