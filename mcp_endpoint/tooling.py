@@ -116,14 +116,19 @@ def raise_tool_error(error: KBError) -> NoReturn:
 
 
 def service_tool(
-    scope: TokenScope, *, every_collection_to: str | None = None, on_error: ErrorHandler = json_error
+    scope: TokenScope,
+    *,
+    every_collection_to: str | None = None,
+    collection: str | None = None,
+    on_error: ErrorHandler = json_error,
 ) -> Callable[[Callable[P, R]], Callable[P, Awaitable[R]]]:
     """Make an MCP tool of a synchronous function that calls the services. The tool keeps the
     function's name, docstring and signature (its input and output schemas). ``scope`` is what
-    the caller's token needs, and ``every_collection_to`` (an action, e.g. "create collections")
-    says the tool also needs a token not limited to some collections: checked before every call,
-    and tools a token may not use are not listed to it."""
-    need = ToolNeed(scope=scope, every_collection_to=every_collection_to)
+    the caller's token needs, ``every_collection_to`` (an action, e.g. "create collections")
+    says the tool also needs a token not limited to some collections, and ``collection`` names
+    the one collection a tool always works in (a token must be allowed it): checked before every
+    call, and tools a token may not use are not listed to it."""
+    need = ToolNeed(scope=scope, every_collection_to=every_collection_to, collection=collection)
 
     def decorate(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
         def as_permitted(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -152,14 +157,21 @@ class ToolNeed:
 
     scope: TokenScope
     every_collection_to: str | None = None
+    collection: str | None = None
 
     def met_by(self, access: Access) -> bool:
-        return access.allows(self.scope) and (self.every_collection_to is None or access.unrestricted)
+        return (
+            access.allows(self.scope)
+            and (self.every_collection_to is None or access.unrestricted)
+            and (self.collection is None or access.can_see(self.collection))
+        )
 
     def require(self, access: Access) -> None:
         access.require(self.scope)
         if self.every_collection_to is not None:
             access.require_unrestricted(self.every_collection_to)
+        if self.collection is not None:
+            access.check_collection(self.collection)
 
 
 def tool_need(fn: Callable[..., Any]) -> ToolNeed:

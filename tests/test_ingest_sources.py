@@ -160,6 +160,14 @@ def test_a_bad_uri_is_refused_without_storing_anything(collection, uri, code):
     assert not Document.objects.exists()
 
 
+@pytest.mark.parametrize("uri", ["javascript:alert(1)", "mailto:someone@example.org", "urn:isbn:0451450523"])
+def test_a_uri_of_another_scheme_is_named_as_one_not_taken_for_a_path(collection, tmp_path, uri):
+    with pytest.raises(KBError) as error:
+        ingest(collection, uri, [tmp_path])  # with file roots: it had been looked for as a file
+    assert error.value.code == ErrorCode.INVALID_URI
+    assert "use a file:// path, an http(s):// URL or a data: URI" in error.value.message
+
+
 def test_a_data_uri_over_the_size_cap_is_refused_before_decoding(collection, settings):
     settings.KB_DATA_URI_MAX_BYTES = 1024
     with pytest.raises(KBError) as error:

@@ -319,6 +319,28 @@ def test_ragmcpserver_answers_queries_with_the_top_five():
     assert passages[0].startswith("[1] inject://") and passages[0].endswith(LEAVE)
 
 
+def test_ragmcpserver_answers_fit_the_response_budget_headers_included(settings):
+    inject_leave_and_notes()
+    for n in range(5):  # long passages whose headers (title, similarity) count too
+        call_text(RAGMCPSERVER, "Inject", {"text": f"Annual leave rule {n}: " + "days of leave " * 300})
+    embed_pending()
+    full = call_text(RAGMCPSERVER, "Query", {"query": "annual leave days"})
+    settings.MCP_MAX_RESPONSE_CHARS = len(full) // 2
+    answer = call_text(RAGMCPSERVER, "Query", {"query": "annual leave days"})
+    assert len(answer) <= settings.MCP_MAX_RESPONSE_CHARS < len(full)
+    assert "more characters truncated]" in answer and answer.startswith("[1] inject://")
+
+
+def test_inject_is_listed_only_to_tokens_allowed_its_collection():
+    for allowed, listed in (({"RagMcpServer"}, True), ({"other"}, False), (None, True)):
+        writer = Access(scope="write", collections=None if allowed is None else frozenset(allowed))
+        assert ("Inject" in tools_of(RAGMCPSERVER, writer)) is listed, allowed
+        assert "Query" in tools_of(RAGMCPSERVER, writer)
+    limited = Access(scope="write", collections=frozenset({"other"}))
+    assert call(RAGMCPSERVER, "Inject", {"text": "hello"}, access=limited).is_error
+    assert not Collection.objects.filter(name="RagMcpServer").exists()
+
+
 def test_profiles_apply_the_callers_access():
     collection_create(name="open")
     hidden = collection_create(name="secret")

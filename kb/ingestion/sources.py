@@ -66,8 +66,13 @@ class SkippedSource:
     unsupported: bool = False
 
 
+# A scheme without "//" (javascript:, mailto:, urn:); one letter would be a Windows drive.
+_OTHER_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
+
+
 def is_local_path_uri(uri: str) -> bool:
-    return uri.startswith("file://") or ("://" not in uri and not uri.startswith("data:"))
+    """A file:// URI or a bare path (``./a:b.txt`` for a relative one whose name holds a colon)."""
+    return uri.startswith("file://") or ("://" not in uri and not _OTHER_SCHEME.match(uri))
 
 
 # --- files ----------------------------------------------------------------------------------

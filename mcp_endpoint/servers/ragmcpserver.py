@@ -35,7 +35,7 @@ def metadata_object(metadata: dict[str, Any] | str | None) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"metadata": metadata}
 
 
-@service_tool(TokenScope.WRITE, on_error=raise_tool_error)
+@service_tool(TokenScope.WRITE, collection=INJECT_COLLECTION, on_error=raise_tool_error)
 def Inject(
     text: Annotated[str, Field(description="The text to add to the knowledge base")],
     metadata: Annotated[
@@ -44,8 +44,6 @@ def Inject(
     ] = None,
 ) -> str:
     """Accepts text, generates its embeddings and stores it in the knowledge base."""
-    access = current_access()
-    access.check_collection(INJECT_COLLECTION)
     if not text.strip():
         raise KBError(ErrorCode.INVALID_ARGUMENT, "The text is empty")
     # Named by content: injecting the same text again is a no-op.
@@ -74,9 +72,14 @@ def Query(query: Annotated[str, Field(description="What to look for")]) -> str:
     if not response.results:
         return "No relevant documents found."
     texts = [{"content": result.content} for result in response.results]
-    fit_list(texts, "content")  # may also drop the last passages: zip stops at the shorter list
-    passages = zip(response.results, texts, strict=False)
-    return "\n\n---\n\n".join(passage(result, text["content"]) for result, text in passages)
+    # The budget holds for the text sent, headers included; the last passages may go too.
+    fit_list(texts, "content", measure=lambda shown: len(passages(response.results, shown)))
+    return passages(response.results, texts)
+
+
+def passages(results: list[SearchResult], texts: list[dict[str, str]]) -> str:
+    shown = zip(results, texts, strict=False)  # stops at the shorter list: passages left out
+    return "\n\n---\n\n".join(passage(result, text["content"]) for result, text in shown)
 
 
 def build(*, read_only: bool) -> KBServer:
