@@ -111,8 +111,9 @@ def json_error(error: KBError) -> CallToolResult:
 
 
 def raise_tool_error(error: KBError) -> NoReturn:
-    """For seeds whose tools raise: the client gets an error result with the message."""
-    raise ToolError(error.message) from error
+    """For seeds whose tools raise: the client gets an error result with the message, after
+    rag-mcp's code, as every door names one ("COLLECTION_NOT_FOUND: Collection not found: x")."""
+    raise ToolError(str(error)) from error
 
 
 def service_tool(

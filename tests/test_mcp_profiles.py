@@ -140,7 +140,9 @@ def test_scirag_store_reports_validation_errors_without_raising():
 def test_scirag_retrieve_raises_on_error():
     missing = call(SCIRAG, "retrieve_document_chunks", {"query": "x", "collection": "nope"})
     assert missing.is_error
-    assert missing.content[0].text == "Error executing tool retrieve_document_chunks: Collection not found: nope"
+    assert missing.content[0].text == (
+        "Error executing tool retrieve_document_chunks: COLLECTION_NOT_FOUND: Collection not found: nope"
+    )
 
 
 def test_scirag_list_collections_gives_an_empty_list_on_error():
