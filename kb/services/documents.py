@@ -6,7 +6,7 @@ vectors of chunks whose text did not change, so only new text is embedded again.
 """
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -159,7 +159,12 @@ def document_keep_if_unchanged(
 
 
 def source_lock(*, collection: Collection, source_uri: str) -> None:
-    """Serialise every write to the document of one source until the transaction ends.
+    """Serialise every write to the document of one source until the transaction ends (sources_lock)."""
+    sources_lock(collection=collection, source_uris=[source_uri])
+
+
+def sources_lock(*, collection: Collection, source_uris: Iterable[str]) -> None:
+    """Serialise every write to the documents of these sources until the transaction ends.
 
     A row lock cannot do it alone: the document may not exist yet, and a writer that merges new
     chunks into the stored ones (document_store_chunks) must read them under the same lock it
@@ -170,16 +175,28 @@ def source_lock(*, collection: Collection, source_uri: str) -> None:
     write is COLLECTION_NOT_FOUND, or waits for the write and takes its document with it; without
     it, a write racing a deletion ended in a foreign-key violation (a 500).
 
-    Then the collection's BM25 counters (collection_index_lock), before any document row.
+    Then the collection's BM25 counters (collection_index_lock), before any document row. A
+    transaction that writes several sources takes all their locks first, in sorted order: one that
+    held the counters from its first source while it waited for the next source's lock deadlocked
+    with that source's writer, which held its lock and waited for the counters.
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("source_lock() needs a transaction")
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"{collection.pk}:{source_uri}"])
+        for source_uri in sorted(set(source_uris)):  # taken again later in this transaction: no wait
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"{collection.pk}:{source_uri}"])
+    collection_hold(collection=collection)
+    collection_index_lock(collection_id=collection.pk)
+
+
+def collection_hold(*, collection: Collection) -> None:
+    """Keep ``collection`` from being deleted until the transaction ends (its row FOR KEY SHARE),
+    for a write of a row that refers to it: a deletion under way finishes first and the write is
+    COLLECTION_NOT_FOUND, instead of a foreign-key violation at commit (a 500)."""
+    with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM kb_collection WHERE id = %s FOR KEY SHARE", [collection.pk])
         if cursor.fetchone() is None:
             raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}")
-    collection_index_lock(collection_id=collection.pk)
 
 
 def collection_index_lock(*, collection_id: int) -> None:

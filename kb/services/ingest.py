@@ -36,10 +36,12 @@ from kb.services.collections import collection_get_or_create
 from kb.services.documents import (
     StoredDocument,
     check_metadata,
+    collection_hold,
     document_keep_if_unchanged,
     document_save,
     drafts_from_chunks,
     source_lock,
+    sources_lock,
 )
 from kb.storable import check_storable, storable_text
 from kb.work_lanes import bulk_work
@@ -204,12 +206,14 @@ def ingest_refusals_record(*, collection: Collection, items: Sequence[IngestItem
     ]
     if not refused:
         return
-    IngestRefusal.objects.bulk_create(refused)
-    oldest_kept = IngestRefusal.objects.values_list("id", flat=True)[
-        settings.KB_REFUSALS_KEPT - 1 : settings.KB_REFUSALS_KEPT
-    ]
-    if oldest_kept:
-        IngestRefusal.objects.filter(id__lt=oldest_kept[0]).delete()
+    with transaction.atomic():
+        collection_hold(collection=collection)  # deleted meanwhile: COLLECTION_NOT_FOUND, not a 500
+        IngestRefusal.objects.bulk_create(refused)
+        oldest_kept = IngestRefusal.objects.values_list("id", flat=True)[
+            settings.KB_REFUSALS_KEPT - 1 : settings.KB_REFUSALS_KEPT
+        ]
+        if oldest_kept:
+            IngestRefusal.objects.filter(id__lt=oldest_kept[0]).delete()
 
 
 def upload_name(filename: str) -> str:
@@ -327,8 +331,7 @@ def document_store_chunk_batch(
 ) -> list[StoredDocument]:
     """Chunks of several sources (``sources[i]`` is the source of ``chunks[i]``), one document per
     source, into a collection created when missing; all or nothing. A source's metadata is the
-    union of its chunks' metadata. Sources are locked in sorted order, so two batches naming the
-    same sources cannot deadlock."""
+    union of its chunks' metadata. Every source is locked before any is written (sources_lock)."""
     check_storable([collection_name, list(sources)], what="collection and source names")
     by_source: dict[str, list[ChunkInput]] = {}
     for chunk, source in zip(chunks, sources, strict=True):
@@ -336,6 +339,7 @@ def document_store_chunk_batch(
     stored = []
     with transaction.atomic():
         collection = collection_get_or_create(name=collection_name)
+        sources_lock(collection=collection, source_uris=by_source)
         for source in sorted(by_source):
             metadata: dict[str, Any] = {}
             for chunk in by_source[source]:

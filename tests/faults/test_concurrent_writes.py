@@ -10,9 +10,16 @@ from django.db import connection
 
 from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document
-from kb.services.collections import collection_create, collection_update
+from kb.services.collections import collection_create, collection_delete, collection_update
 from kb.services.documents import document_create_from_text, document_delete
-from kb.services.ingest import ChunkInput, document_reingest, document_store_chunks
+from kb.services.ingest import (
+    ChunkInput,
+    IngestItem,
+    document_reingest,
+    document_store_chunk_batch,
+    document_store_chunks,
+    ingest_refusals_record,
+)
 from tests.support.mcp_client import committed_db, http_session, structured, tool_threads  # noqa: F401
 from tests.support.mcp_server import uvicorn_server
 
@@ -59,6 +66,51 @@ def test_concurrent_batches_for_one_source_keep_every_chunk():
     assert sorted(Chunk.objects.filter(document=document).values_list("index", flat=True)) == list(range(WRITERS))
     assert document.chunk_count == WRITERS
     assert all(document.metadata[f"batch_{index}"] for index in range(WRITERS))
+
+
+def test_batches_of_several_sources_and_writers_of_one_never_deadlock():
+    """SciRAG batches naming sources a and b, at once with writers of a or b alone: every call
+    succeeds and keeps its chunk. A batch had held the collection's counters from its first
+    source while it waited for the second source's lock, which that source's writer held while it
+    waited for the counters: about a quarter of the calls ended in a deadlock (DATABASE_ERROR)."""
+    collection_create(name="multi")
+    writers = 30
+
+    def store(index: int) -> None:
+        sources = [["a", "b"], ["b"], ["a"]][index % 3]
+        document_store_chunk_batch(
+            collection_name="multi",
+            chunks=[ChunkInput(index, f"Finding {index} of source {source}.") for source in sources],
+            sources=sources,
+        )
+
+    assert run_at_once(writers, store) == []
+    for source in ("a", "b"):
+        stored = Chunk.objects.filter(document__source_uri=source).values_list("index", flat=True)
+        assert sorted(stored) == [n for n in range(writers) if source in [["a", "b"], ["b"], ["a"]][n % 3]]
+
+
+def test_an_upload_racing_its_collection_s_deletion_is_collection_not_found():
+    """Uploads whose refused files are recorded, while the collection is deleted: each answers
+    or is COLLECTION_NOT_FOUND. Recording a refusal for a collection deleted meanwhile had been a
+    foreign-key violation at commit (a 500)."""
+    for attempt in range(5):
+        collection = collection_create(name=f"doomed-{attempt}")
+
+        def race(index: int, collection=collection) -> None:
+            if index == 0:
+                collection_delete(name=collection.name, confirm=True)
+                return
+            items = [
+                IngestItem(
+                    source_uri=f"upload://{index}.bin", outcome="failed", error=KBError(ErrorCode.LOAD_FAILED, "x")
+                )
+            ]
+            ingest_refusals_record(collection=collection, items=items)
+
+        errors = run_at_once(8, race)
+        assert [e for e in errors if not (isinstance(e, KBError) and e.code == "COLLECTION_NOT_FOUND")] == []
+        assert not Collection.objects.filter(pk=collection.pk).exists()
 
 
 def test_a_batch_that_repeats_an_index_replaces_only_that_chunk():
