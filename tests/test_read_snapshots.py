@@ -12,10 +12,11 @@ from collections.abc import Callable
 import pytest
 from django.db import connection, connections
 
+from kb.access import FULL_ACCESS
 from kb.errors import ErrorCode, KBError
 from kb.models import Collection, Document
 from kb.search import search
-from kb.selectors.documents import chunk_neighbors
+from kb.selectors.documents import chunk_neighbors, document_with_chunks
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text, document_delete
 
@@ -107,3 +108,16 @@ def test_neighbours_of_a_document_deleted_since_it_was_found_are_not_found(manua
     with pytest.raises(KBError) as refused:
         chunk_neighbors(document=manual_v1, chunk_index=2)
     assert refused.value.code == ErrorCode.DOCUMENT_NOT_FOUND
+
+
+def reads_the_document(sql: str) -> bool:
+    return 'FROM "kb_document"' in sql
+
+
+def test_a_document_and_its_chunks_come_from_one_version(manual_v1):
+    replace = CommitBetweenStatements(reads_the_document, lambda: store(manual_v1.collection, "second edition"))
+    with connection.execute_wrapper(replace):
+        document, chunks = document_with_chunks(access=FULL_ACCESS, doc_id=manual_v1.pk)
+    assert replace.fired
+    assert "first edition" in document.raw_content
+    assert len(chunks) == document.chunk_count and all("first edition" in chunk.content for chunk in chunks[1:])

@@ -24,7 +24,7 @@ from kb.api.schemas import (
 )
 from kb.errors import ErrorCode
 from kb.models import Document, TokenScope
-from kb.selectors.documents import chunk_neighbors, document_chunks, document_list
+from kb.selectors.documents import chunk_neighbors, document_list, document_with_chunks
 from kb.services.documents import document_delete
 from kb.services.embedding_pipeline import document_reembed, documents_embed_for_writer
 from kb.services.ingest import document_ingest, document_reingest, network_file_roots
@@ -112,12 +112,8 @@ def _waited(wait: bool, documents: list[Document]) -> bool | None:
 def get_document(request: HttpRequest, doc_id: DocumentId, query: Query[DocumentGetQuery]) -> DocumentOut:
     access = access_of(request)
     access.require(TokenScope.READ)
-    document = access.document(doc_id)
-    return DocumentOut.of_document(
-        document,
-        chunks=document_chunks(document=document) if query.chunks else None,
-        content=document.raw_content if query.content else None,
-    )
+    document, chunks = document_with_chunks(access=access, doc_id=doc_id, chunks=query.chunks)
+    return DocumentOut.of_document(document, chunks=chunks, content=document.raw_content if query.content else None)
 
 
 @router.get(

@@ -1,10 +1,15 @@
 """Documents and their chunks: one document, a page of a collection's, a chunk with its neighbours."""
 
+from typing import TYPE_CHECKING
+
 from django.db.models import QuerySet
 
 from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document, DocumentStatus
 from kb.replicas import read_snapshot, reads_from_replica
+
+if TYPE_CHECKING:  # kb.access reads documents through this module
+    from kb.access import Access
 
 
 def document_get(*, doc_id: str) -> Document:
@@ -40,6 +45,15 @@ def document_list(
 
 def document_chunks(*, document: Document) -> QuerySet[Chunk]:
     return Chunk.objects.filter(document=document).defer("search_vector").order_by("index")
+
+
+@reads_from_replica
+def document_with_chunks(*, access: "Access", doc_id: str, chunks: bool = True) -> tuple[Document, list[Chunk] | None]:
+    """A document the caller may see and, if ``chunks``, its chunks, both of one version (one
+    snapshot): a re-ingest between the two reads would pair the old text with the new chunks."""
+    with read_snapshot():
+        document = access.document(doc_id)
+        return document, list(document_chunks(document=document)) if chunks else None
 
 
 MAX_NEIGHBORS = 10

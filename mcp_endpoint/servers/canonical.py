@@ -21,8 +21,8 @@ from kb.selectors.documents import (
     MAX_NEIGHBORS,
     MAX_PAGE_SIZE,
     chunk_neighbors,
-    document_chunks,
     document_list,
+    document_with_chunks,
 )
 from kb.selectors.ingestion import STILL_EMBEDDING, ingestion_status, status_doc_ids
 from kb.selectors.sources import SourceOut, SyncRunOut, source_list, sync_run_latest
@@ -315,10 +315,8 @@ def rag_get_document(
 ) -> DocumentOutput:
     """A document's metadata, ingestion status and chunk count; its text and chunks on request (long
     texts are cut to the response budget, visibly)."""
-    document = current_access().document(doc_id)
-    chunks = None
-    if include_chunks:
-        chunks = [chunk_output(chunk) for chunk in document_chunks(document=document)]
+    document, stored = document_with_chunks(access=current_access(), doc_id=doc_id, chunks=include_chunks)
+    chunks = None if stored is None else [chunk_output(chunk) for chunk in stored]
     output = DocumentOutput(
         **document_detail(document),
         raw_content=document.raw_content if include_content else None,

@@ -13,7 +13,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
 from kb.errors import ErrorCode, KBError
 from kb.selectors.collections import collection_list
-from kb.selectors.documents import document_chunks, document_list
+from kb.selectors.documents import document_list, document_with_chunks
 from mcp_endpoint.budget import drop_to_fit, fit_texts
 from mcp_endpoint.caller import current_access
 from mcp_endpoint.servers.rag_shapes import collection_settings, document_detail, millis
@@ -88,7 +88,7 @@ def one_collection(name: str) -> dict[str, Any]:
 def one_document(id: str) -> dict[str, Any]:
     access = current_access()
     access.require("read")
-    document = access.document(id)
+    document, stored = document_with_chunks(access=access, doc_id=id)
     chunks = [
         {
             "id": str(chunk.pk),  # ids are strings in rag-mcp's shapes
@@ -97,7 +97,7 @@ def one_document(id: str) -> dict[str, Any]:
             "tokens": chunk.token_count,
             "lines": chunk.lines,
         }
-        for chunk in document_chunks(document=document)
+        for chunk in stored or []
     ]
     payload = {**document_detail(document), "raw_content": document.raw_content, "chunks": chunks}
     payload["truncated"] = bool(fit_texts(payload, [(payload, "raw_content")] + [(c, "content") for c in chunks]))
