@@ -218,7 +218,8 @@ class KBServer(MCPServer):
     """An MCP server over the knowledge base.
 
     ``json_errors``: arguments that fail the input schema are reported like every other error,
-    as INVALID_ARGUMENT in rag-mcp's shape (the seeds' own profiles keep the SDK's message).
+    as INVALID_ARGUMENT in rag-mcp's shape; the other profiles answer with text, as their seeds
+    do: the SDK's "Error executing tool X:", the code, and what was wrong, without pydantic's dump.
     Tool descriptions may end with live text, e.g. the collections a search can cover, computed
     whenever the tools are listed.
     """
@@ -315,9 +316,13 @@ class KBServer(MCPServer):
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
             invalid_arguments = isinstance(exc.__cause__, ValidationError) and not isinstance(exc, UnexpectedToolError)
-            if self.json_errors and invalid_arguments:
-                return json_error(KBError(ErrorCode.INVALID_ARGUMENT, validation_message(exc.__cause__)))
-            raise
+            if not invalid_arguments:
+                raise
+            error = KBError(ErrorCode.INVALID_ARGUMENT, validation_message(exc.__cause__))
+            if self.json_errors:
+                return json_error(error)
+            # The seeds' servers answer with text: the same, without pydantic's dump and its links.
+            raise ToolError(f"Error executing tool {name}: {error}") from None
 
 
 def _untitled(schema: Any) -> Any:

@@ -145,6 +145,23 @@ def test_scirag_retrieve_raises_on_error():
     )
 
 
+@pytest.mark.parametrize(
+    ("server", "tool", "arguments"),
+    [
+        (SCIRAG, "retrieve_document_chunks", {"query": "x", "top_k": {"many": 1}}),
+        (HYBRID, "search_documents", {"query": ["x"]}),
+        (SYNTHESIS, "search_rag", {"query": "x", "collection_id": "c", "top_k": "five"}),
+        (RAGMCPSERVER, "Query", {}),
+    ],
+)
+def test_the_raising_profiles_name_bad_arguments_briefly_with_their_code(server, tool, arguments):
+    refused = call(server, tool, arguments)
+    assert refused.is_error
+    text = refused.content[0].text
+    assert text.startswith(f"Error executing tool {tool}: INVALID_ARGUMENT: "), text
+    assert "pydantic" not in text and len(text) < 300, text
+
+
 def test_scirag_list_collections_gives_an_empty_list_on_error():
     collection_create(name="exists")
     assert call_ok(SCIRAG, "list_collections", access=None) == []  # a request without credentials
