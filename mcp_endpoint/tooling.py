@@ -312,6 +312,8 @@ class KBServer(MCPServer):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
+        if self._tool_manager.get_tool(name) is None:  # a protocol error, as MCP's spec has it
+            raise MCPError(INVALID_PARAMS, f"Unknown tool: {name}")
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:

@@ -526,6 +526,17 @@ def test_an_unknown_prompt_or_argument_is_invalid_params_with_the_names(name, ar
     assert (error.code, error.message) == (INVALID_PARAMS, message)
 
 
+def test_an_unknown_tool_is_invalid_params_not_a_tool_result():
+    # MCP's spec: a protocol error. The SDK answered a tool result "Unknown tool: …" without a code.
+    async def call_unknown(client):
+        with pytest.raises(MCPError) as error:
+            await client.call_tool("rag_nope", {})
+        return error.value
+
+    error = in_memory(SERVER, call_unknown)
+    assert (error.code, error.message) == (INVALID_PARAMS, "Unknown tool: rag_nope")
+
+
 def test_a_token_limited_to_a_collection_sees_nothing_else():
     collection_create(name="open")
     collection_create(name="secret")
