@@ -160,12 +160,19 @@ def test_a_bad_uri_is_refused_without_storing_anything(collection, uri, code):
     assert not Document.objects.exists()
 
 
-@pytest.mark.parametrize("uri", ["javascript:alert(1)", "mailto:someone@example.org", "urn:isbn:0451450523"])
+@pytest.mark.parametrize("uri", ["javascript:alert(1)", "JavaScript:x", "mailto:someone@example.org", "urn:isbn:0451"])
 def test_a_uri_of_another_scheme_is_named_as_one_not_taken_for_a_path(collection, tmp_path, uri):
     with pytest.raises(KBError) as error:
         ingest(collection, uri, [tmp_path])  # with file roots: it had been looked for as a file
     assert error.value.code == ErrorCode.INVALID_URI
     assert "use a file:// path, an http(s):// URL or a data: URI" in error.value.message
+
+
+def test_a_relative_file_name_with_a_colon_is_a_path(collection, tmp_path, monkeypatch):
+    (tmp_path / "meeting:notes.md").write_text("# Notes\n\nWe met at ten.")
+    monkeypatch.chdir(tmp_path)
+    document = ingest(collection, "meeting:notes.md", [tmp_path]).items[0].document
+    assert document.raw_content.endswith("We met at ten.")
 
 
 def test_a_data_uri_over_the_size_cap_is_refused_before_decoding(collection, settings):

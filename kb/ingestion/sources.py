@@ -66,13 +66,14 @@ class SkippedSource:
     unsupported: bool = False
 
 
-# A scheme without "//" (javascript:, mailto:, urn:); one letter would be a Windows drive.
-_OTHER_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
+# URIs without "//" that name no file: they had been looked for as file names. A bare relative
+# path may hold a colon ("meeting:notes.md"), so only these schemes are told apart.
+_NOT_A_PATH = re.compile(r"(?i)(data|javascript|vbscript|mailto|urn|tel|sms|about|blob|news|cid|mid):")
 
 
 def is_local_path_uri(uri: str) -> bool:
-    """A file:// URI or a bare path (``./a:b.txt`` for a relative one whose name holds a colon)."""
-    return uri.startswith("file://") or ("://" not in uri and not _OTHER_SCHEME.match(uri))
+    """A file:// URI or a bare path."""
+    return uri.startswith("file://") or ("://" not in uri and not _NOT_A_PATH.match(uri))
 
 
 # --- files ----------------------------------------------------------------------------------

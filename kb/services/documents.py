@@ -193,10 +193,14 @@ def collection_hold(*, collection: Collection) -> None:
     """Keep ``collection`` from being deleted until the transaction ends (its row FOR KEY SHARE),
     for a write of a row that refers to it: a deletion under way finishes first and the write is
     COLLECTION_NOT_FOUND, instead of a foreign-key violation at commit (a 500)."""
+    if not _collection_held(collection.pk):
+        raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}")
+
+
+def _collection_held(collection_id: int) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM kb_collection WHERE id = %s FOR KEY SHARE", [collection.pk])
-        if cursor.fetchone() is None:
-            raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}")
+        cursor.execute("SELECT 1 FROM kb_collection WHERE id = %s FOR KEY SHARE", [collection_id])
+        return cursor.fetchone() is not None
 
 
 def collection_index_lock(*, collection_id: int) -> None:
@@ -254,13 +258,20 @@ def _stored_document(collection: Collection, source_uri: str) -> Document:
 
 
 def document_lock(*, doc_id: str) -> Document:
-    """The document, its row locked until the transaction ends. Only its row: locking the
-    collection's too (a bare FOR UPDATE of the join) had every embedding that finished, every
-    delete and re-embed deadlock with writers holding the collection FOR KEY SHARE (source_lock)."""
-    try:
-        return Document.objects.select_for_update(of=("self",)).select_related("collection").get(pk=doc_id)
-    except Document.DoesNotExist:
-        raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}") from None
+    """The document, its row locked until the transaction ends, after its collection's key (FOR
+    KEY SHARE), in the order every writer takes them (source_lock). The row is written under the
+    lock, and writing it twice in one transaction makes Postgres check its foreign key, which
+    takes the collection's key: taken then, after the document, an embedding that finished
+    deadlocked with a deletion of the collection, which holds the collection and then deletes
+    its documents. (FOR UPDATE of the collection instead, as a bare FOR UPDATE of the join did,
+    had deadlocked with every writer holding its key.)"""
+    collection_id = Document.objects.filter(pk=doc_id).values_list("collection_id", flat=True).first()
+    if collection_id is not None and _collection_held(collection_id):
+        try:
+            return Document.objects.select_for_update(of=("self",)).select_related("collection").get(pk=doc_id)
+        except Document.DoesNotExist:
+            pass
+    raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, f"Document not found: {doc_id}")
 
 
 def document_mark_pending(*, doc_id: str, reset_attempts: bool = True) -> Document:

@@ -25,7 +25,12 @@ from kb.ingestion.chunking import embedding_text
 from kb.leases import LeaseKeeper
 from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding, EmbeddingModel
 from kb.selectors.ingestion import wait_until_searchable
-from kb.services.documents import document_lock, document_requeue_locked, pending_requeue_deadline
+from kb.services.documents import (
+    collection_hold,
+    document_lock,
+    document_requeue_locked,
+    pending_requeue_deadline,
+)
 from kb.services.embedding_models import embedding_model_record_dimensions
 from kb.work_lanes import is_interactive
 
@@ -118,8 +123,16 @@ def unembedded_batch(chunks: QuerySet[Chunk], model: EmbeddingModel) -> list[tup
 
 
 def _store_vectors(document: Document, model: EmbeddingModel, chunk_ids: list[int], vectors: list[list[float]]) -> bool:
-    """Insert a batch and renew the lease; False when the document was deleted meanwhile."""
+    """Insert a batch and renew the lease; False when the document was deleted meanwhile.
+
+    The collection first, as writers take it (source_lock): the vectors refer to it, so their
+    insert takes its row FOR KEY SHARE. Taken after the document's row, it deadlocked with a
+    deletion of the collection, which holds that row and then deletes the documents."""
     with transaction.atomic():
+        try:
+            collection_hold(collection=document.collection)
+        except KBError:  # deleted, and its documents with it
+            return False
         renewed = Document.objects.filter(pk=document.pk).update(lease_expires_at=_lease_deadline())
         if not renewed:
             return False
