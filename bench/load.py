@@ -140,7 +140,7 @@ class System:
                 if status == 404:
                     path = "/health"
             time.sleep(0.5)
-        raise SystemExit(f"{self.base}/health/ready did not answer 200 in {timeout:.0f} s")
+        raise SystemExit(f"{self.base}{path} did not answer 200 in {timeout:.0f} s")
 
     def web(self) -> psutil.Process | None:
         if self._web is not None and self._web.is_running():
