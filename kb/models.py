@@ -7,7 +7,7 @@ statement, and the BM25 postings, which Django does not model, go with their chu
 
 import re
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -37,6 +37,19 @@ def validate_collection_name_field(name: str) -> None:
 
 def new_ulid() -> str:
     return str(ULID())
+
+
+class UlidField(models.CharField):
+    """A ULID key. ULIDs are case-insensitive (Crockford base32); they are stored upper-case, so
+    every lookup is upper-cased too and an id an agent copied in lower case still finds its row."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("max_length", 26)
+        super().__init__(*args, **kwargs)
+
+    def get_prep_value(self, value: Any) -> Any:
+        value = super().get_prep_value(value)
+        return value.upper() if isinstance(value, str) else value
 
 
 class EmbeddingProvider(models.TextChoices):
@@ -127,7 +140,7 @@ SOURCE_URI_MAX_LENGTH = 4096
 
 
 class Document(models.Model):
-    id = models.CharField(primary_key=True, max_length=26, default=new_ulid, editable=False)
+    id = UlidField(primary_key=True, default=new_ulid, editable=False)
     collection = models.ForeignKey(
         Collection, on_delete=models.DO_NOTHING, db_constraint=False, related_name="documents"
     )
@@ -417,7 +430,7 @@ ACTIVE_SYNC_STATUSES = (SyncStatus.QUEUED, SyncStatus.RUNNING)
 class SyncRun(models.Model):
     """One sync of a source: one Celery job. At most one is queued or running per source."""
 
-    id = models.CharField(primary_key=True, max_length=26, default=new_ulid, editable=False)
+    id = UlidField(primary_key=True, default=new_ulid, editable=False)
     source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="runs")
     status = models.CharField(max_length=10, choices=SyncStatus.choices, default=SyncStatus.QUEUED)
     trigger = models.CharField(max_length=10, default="manual")  # manual or schedule

@@ -216,6 +216,13 @@ def test_it_gets_a_document_s_chunks_with_its_text_on_request(client, guide):
     assert full["chunks"][0]["lines"] == f"{full['chunks'][0]['line_start']}-{full['chunks'][0]['line_end']}"
 
 
+def test_a_document_id_is_found_in_any_case_as_ulids_are_case_insensitive(client, guide):
+    lower = guide.pk.lower()
+    assert get(client, f"/api/documents/{lower}").json()["id"] == guide.pk
+    assert delete(client, f"/api/documents/{lower}").json()["deleted_doc_id"] == guide.pk
+    assert error_of(get(client, f"/api/documents/{guide.pk}")) == (404, "DOCUMENT_NOT_FOUND")
+
+
 def test_an_unknown_document_is_404_document_not_found(client, docs):
     missing = "01HRE4KXQN8Z3J2X5Y7A9B4C6D"
     assert error_of(get(client, f"/api/documents/{missing}")) == (404, "DOCUMENT_NOT_FOUND")
