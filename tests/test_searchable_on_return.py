@@ -176,3 +176,10 @@ def test_the_rest_api_waits_when_asked(deployment, ollama_settings):
         assert client.post("/api/search", json=search).json()["results"][0]["content"] == text
         unasked = client.post("/api/collections/rest-notes/documents", json={"uri": "data:,Later."}).json()
         assert unasked["searchable"] is None
+        # ?wait=true on the address means the same, for a curl user who wrote it there
+        addressed = client.post(
+            "/api/collections/rest-notes/uploads?wait=true", files={"files": ("tide2.txt", b"Tide charts.")}
+        ).json()
+        assert addressed["searchable"] is True and addressed["items"][0]["status"] == "ready", addressed
+        addressed = client.post("/api/collections/rest-notes/documents?wait=1", json={"uri": "data:,Neap tide."}).json()
+        assert addressed["searchable"] is True and addressed["items"][0]["status"] == "ready", addressed

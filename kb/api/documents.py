@@ -21,6 +21,7 @@ from kb.api.schemas import (
     NeighborsOut,
     NeighborsQuery,
     UploadForm,
+    WaitQuery,
 )
 from kb.errors import ErrorCode
 from kb.models import Document, TokenScope
@@ -62,7 +63,9 @@ def list_documents(request: HttpRequest, name: CollectionName, query: Query[Docu
     description="A single source that fails answers with its error; a directory reports each file in `items`. "
     "Chunks are keyword-searchable at once and semantically searchable once the worker embedded them.",
 )
-def ingest_document(request: HttpRequest, name: CollectionName, payload: IngestIn) -> IngestOut:
+def ingest_document(
+    request: HttpRequest, name: CollectionName, payload: IngestIn, options: Query[WaitQuery]
+) -> IngestOut:
     access = access_of(request)
     access.require(TokenScope.WRITE)
     report = document_ingest(
@@ -75,7 +78,7 @@ def ingest_document(request: HttpRequest, name: CollectionName, payload: IngestI
         recursive=payload.recursive,
         force=payload.force,
     )
-    return IngestOut.of(name, report.items, searchable=_waited(payload.wait, report.documents))
+    return IngestOut.of(name, report.items, searchable=_waited(payload.wait or options.wait, report.documents))
 
 
 @router.post(
@@ -87,7 +90,11 @@ def ingest_document(request: HttpRequest, name: CollectionName, payload: IngestI
     "A single file that fails answers with its error; with several, each failure is reported in `items`.",
 )
 def upload_documents(
-    request: HttpRequest, name: CollectionName, form: Form[UploadForm], files: File[list[UploadedFile]]
+    request: HttpRequest,
+    name: CollectionName,
+    form: Form[UploadForm],
+    files: File[list[UploadedFile]],
+    options: Query[WaitQuery],
 ) -> IngestOut:
     access = access_of(request)
     access.require(TokenScope.WRITE)
@@ -97,7 +104,7 @@ def upload_documents(
         content_type=form.content_type,
         metadata=form.metadata,
     )
-    return IngestOut.of(name, report.items, searchable=_waited(form.wait, report.documents))
+    return IngestOut.of(name, report.items, searchable=_waited(form.wait or options.wait, report.documents))
 
 
 def _waited(wait: bool, documents: list[Document]) -> bool | None:

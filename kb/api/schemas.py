@@ -342,6 +342,12 @@ class NeighborsOut(Schema):
         )
 
 
+WAIT_DESCRIPTION = (
+    "Answer once the documents are searchable by meaning (at most KB_WRITE_WAIT_SECONDS; "
+    "`searchable` says whether they are)"
+)
+
+
 class IngestIn(BodyInputSchema):
     uri: str = Field(
         min_length=1,
@@ -353,21 +359,19 @@ class IngestIn(BodyInputSchema):
     title: str | None = Field(None, max_length=500)
     recursive: bool = Field(True, description="For directories: include subdirectories")
     force: bool = Field(False, description="Re-chunk even when the content did not change")
-    wait: bool = Field(
-        False,
-        description="Answer once the documents are searchable by meaning (at most KB_WRITE_WAIT_SECONDS; "
-        "`searchable` says whether they are)",
-    )
+    wait: bool = Field(False, description=WAIT_DESCRIPTION)
+
+
+class WaitQuery(InputSchema):
+    """`?wait=true` on a write's address means what the body's or form's `wait` means."""
+
+    wait: bool = Field(False, description=WAIT_DESCRIPTION)
 
 
 class UploadForm(InputSchema):
     content_type: ContentType | None = Field(None, description="Override the detected content type")
     metadata: Json[dict[str, Any]] | None = Field(None, description="A JSON object attached to every file")
-    wait: bool = Field(
-        False,
-        description="Answer once the documents are searchable by meaning (at most KB_WRITE_WAIT_SECONDS; "
-        "`searchable` says whether they are)",
-    )
+    wait: bool = Field(False, description=WAIT_DESCRIPTION)
 
 
 class IngestItemOut(Schema):
