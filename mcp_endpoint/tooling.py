@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
-ErrorHandler = Callable[[KBError], Any]
+# What a tool answers when a call fails: given the error and the call's arguments.
+ErrorHandler = Callable[[KBError, dict[str, Any]], Any]
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 # Writes that add or update but never remove; ingesting the same source again is a no-op.
@@ -103,14 +104,14 @@ async def _in_pool(pool: str, fn: Callable[P, R], *args: P.args, **kwargs: P.kwa
     return await asyncio.get_running_loop().run_in_executor(_tool_threads(pool), call)
 
 
-def json_error(error: KBError) -> CallToolResult:
+def json_error(error: KBError, arguments: dict[str, Any] | None = None) -> CallToolResult:
     """rag-mcp's error body as the text of an error result, so the client sees the code. No
     structured content: TypeScript clients check it against the tool's output schema even when
     the result is an error (checked with the MCP Inspector)."""
     return CallToolResult(content=[TextContent(type="text", text=json.dumps(error.as_dict()))], is_error=True)
 
 
-def raise_tool_error(error: KBError) -> NoReturn:
+def raise_tool_error(error: KBError, arguments: dict[str, Any] | None = None) -> NoReturn:
     """For seeds whose tools raise: the client gets an error result with the message, after
     rag-mcp's code, as every door names one ("COLLECTION_NOT_FOUND: Collection not found: x")."""
     raise ToolError(str(error)) from error
@@ -144,7 +145,7 @@ def service_tool(
                 return await _in_pool(pool, as_permitted, *args, **kwargs)
             except KBError as error:
                 logger.info("MCP tool %s failed: %s", fn.__name__, error)
-                return on_error(error)
+                return on_error(error, kwargs)
 
         tool.need = need  # type: ignore[attr-defined]
         return tool

@@ -369,6 +369,9 @@ def test_profiles_apply_the_callers_access():
     assert call(RAGMCPSERVER, "Inject", {"text": "hello"}, access=reader).is_error
     stored = call_ok(SCIRAG, "store_document_chunks", {"chunks": paper_chunks()}, access=reader)
     assert stored["success"] is False and "'write' is needed" in stored["message"]
+    assert stored["collection"] == "DocumentChunks"  # the seed's default, as on every other refusal
+    stored = call_ok(SCIRAG, "store_document_chunks", {"chunks": paper_chunks(), "collection": "open"}, access=reader)
+    assert (stored["success"], stored["collection"]) == (False, "open")
 
 
 @pytest.mark.parametrize("confirm", ["yes", "true", 1, "1"])

@@ -119,8 +119,9 @@ def _store(chunks: list[dict[str, Any]], collection: str) -> StoreResult:
     )
 
 
-def _store_refused(error: KBError) -> StoreResult:
-    return StoreResult(success=False, chunks_stored=0, collection="", message=f"Error: {error.message}")
+def _store_refused(error: KBError, arguments: dict[str, Any]) -> StoreResult:
+    collection = arguments.get("collection", DEFAULT_COLLECTION)
+    return StoreResult(success=False, chunks_stored=0, collection=collection, message=f"Error: {error.message}")
 
 
 # SciRAG's store never raises, not even for a token without write access.
@@ -148,7 +149,7 @@ def store_document_chunks(
     return StoreResult(success=False, chunks_stored=0, collection=collection, message=message)
 
 
-@service_tool(TokenScope.READ, on_error=lambda error: [])
+@service_tool(TokenScope.READ, on_error=lambda error, arguments: [])
 def list_collections() -> list[str]:
     """Lists all available document collections in the vectorstore."""
     access = current_access()
