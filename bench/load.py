@@ -194,12 +194,23 @@ class System:
 
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """CPU used so far by these processes and, for a parent such as the postmaster, by its children
+    that have ended (the live ones are listed among the processes themselves)."""
     total = 0.0
     for process in processes:
         with suppress(psutil.Error):
             times = process.cpu_times()
-            total += times.user + times.system
+            total += times.user + times.system + times.children_user + times.children_system
     return total
+
+
+def postgres_processes(var_dir: Path) -> list[psutil.Process]:
+    """The embedded Postgres of this var dir: its postmaster and every backend (none with --url
+    and a database elsewhere)."""
+    with suppress(OSError, ValueError, psutil.Error):
+        postmaster = psutil.Process(int((var_dir / "pgdata" / "postmaster.pid").read_text().split()[0]))
+        return [postmaster, *postmaster.children(recursive=True)]
+    return []
 
 
 def machine_busy_seconds() -> float:
@@ -409,7 +420,12 @@ def main() -> None:
         samples.append(system.sample("before load"))
         rounds = max(1, math.ceil(args.soak / args.seconds)) if args.soak else 1
         web, me = system.web(), psutil.Process()
-        processes = {"web": [web] if web else [], "workers": system.workers(), "load generator": [me]}
+        processes = {
+            "web": [web] if web else [],
+            "workers": system.workers(),
+            "Postgres": postgres_processes(system.var_dir),
+            "load generator": [me],
+        }
         cpu_before = {name: cpu_seconds(group) for name, group in processes.items()}
         busy_before = machine_busy_seconds()
         print(f"load average before the load: {' '.join(f'{value:.2f}' for value in os.getloadavg())}")
@@ -473,7 +489,11 @@ def main() -> None:
     print(
         f"CPU during the load ({wall:.0f} s, {psutil.cpu_count()} cores): machine busy {busy / wall:.2f} cores; "
         + ", ".join(f"{name} {seconds / wall:.2f}" for name, seconds in cpu.items())
-        + f", the rest (Postgres, other work) {(busy - sum(cpu.values())) / wall:.2f}"
+        + f", the rest (other work) {(busy - sum(cpu.values())) / wall:.2f}"
+    )
+    print(
+        "CPU per call (ms): "
+        + ", ".join(f"{name} {seconds * 1000 / max(1, len(all_calls)):.1f}" for name, seconds in cpu.items())
     )
     print("web process (uvicorn):")
     peak = max(samples[2:-1], key=lambda sample: sample.rss)
