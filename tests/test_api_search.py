@@ -4,6 +4,7 @@ from unittest.mock import ANY
 
 import pytest
 
+from kb.models import Collection
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from tests.conftest import free_port
@@ -163,4 +164,11 @@ def test_stats_count_everything_or_one_collection(client, library):
     assert everything["storage_bytes"] > 0
     code = get(client, "/api/stats", collection="code").json()
     assert (code["collections"], code["documents"], code["filter"]) == (1, 1, "code")
+    # one collection's size is its own rows': another growing does not show in it
+    assert 0 < code["storage_bytes"] < everything["storage_bytes"]
+    docs = Collection.objects.get(name="docs")
+    text = " ".join(f"word{n}" for n in range(20_000))
+    document_create_from_text(collection=docs, source_uri="note://big", text=text)
+    assert get(client, "/api/stats", collection="code").json()["storage_bytes"] == code["storage_bytes"]
+    assert get(client, "/api/stats", collection="docs").json()["storage_bytes"] > 50_000
     assert error_of(get(client, "/api/stats", collection="nope")) == (404, "COLLECTION_NOT_FOUND")

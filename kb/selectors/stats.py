@@ -57,12 +57,29 @@ def kb_stats(*, collection: str | None = None) -> Stats:
         documents=totals["documents"],
         chunks=totals["chunks"],
         embeddings=embeddings.count(),
-        storage_bytes=storage_bytes(),
+        storage_bytes=storage_bytes() if collection is None else collection_storage_bytes(target.pk),
         filter=collection,
         pending=totals["pending"],
         processing=totals["processing"],
         failed=totals["failed"],
     )
+
+
+def collection_storage_bytes(collection_id: int) -> int:
+    """Bytes one collection's content takes as stored (compressed where Postgres compressed it):
+    its documents' text and metadata, its chunks' text, keyword index and metadata, its vectors.
+    Sizes are read from the rows and TOAST pointers without reading the text itself. Never the
+    database's size, which would tell a token limited to this collection how much the others hold."""
+    with read_connection().cursor() as cursor:
+        cursor.execute(
+            "SELECT (SELECT coalesce(sum(pg_column_size(raw_content) + pg_column_size(metadata)), 0)"
+            "        FROM kb_document WHERE collection_id = %s)"
+            " + (SELECT coalesce(sum(pg_column_size(content) + pg_column_size(search_vector)"
+            "        + pg_column_size(metadata)), 0) FROM kb_chunk WHERE collection_id = %s)"
+            " + (SELECT coalesce(sum(pg_column_size(vector)), 0) FROM kb_embedding WHERE collection_id = %s)",
+            [collection_id] * 3,
+        )
+        return int(cursor.fetchone()[0])
 
 
 def storage_bytes() -> int:
