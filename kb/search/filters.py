@@ -116,7 +116,7 @@ def checked_content_types(content_types: Sequence[str]) -> list[str]:
     unknown = [kind for kind in content_types if kind not in CONTENT_TYPES]
     if unknown:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"Unknown content type(s) in filter: {', '.join(unknown)}")
-    return list(content_types)
+    return list(dict.fromkeys(content_types))  # each once: the SQL compares every chunk with the list
 
 
 def parse_metadata_filter(metadata: dict[str, Any]) -> list[tuple[str, str, Any]]:

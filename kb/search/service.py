@@ -45,6 +45,7 @@ from kb.replicas import read_snapshot, reads_from_replica
 from kb.search.bm25 import KeywordQuery
 from kb.search.filters import (
     MAX_FILTER_DOCUMENTS,
+    MAX_FILTER_VALUES,
     Filters,
     checked_content_types,
     parse_metadata_filter,
@@ -91,6 +92,10 @@ def search(
             ErrorCode.INVALID_ARGUMENT,
             f"The query has {len(query)} characters; the limit is {settings.KB_MAX_QUERY_CHARS} (KB_MAX_QUERY_CHARS)",
         )
+    if document_ids is not None and len(document_ids) > MAX_FILTER_DOCUMENTS:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"At most {MAX_FILTER_DOCUMENTS} document ids per search")
+    if content_types is not None and len(content_types) > MAX_FILTER_VALUES:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"At most {MAX_FILTER_VALUES} content types per search")
     check_storable([query, metadata, document_ids, content_types, collections], what="search")
     validate_top_k(top_k)
     if candidate_depth is not None and not 1 <= candidate_depth <= MAX_CANDIDATE_DEPTH:
@@ -105,8 +110,6 @@ def search(
         raise KBError(ErrorCode.INVALID_ARGUMENT, "min_score must be between 0.0 and 1.0")
     if min_similarity is not None and not -1.0 <= min_similarity <= 1.0:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "min_similarity must be between -1.0 and 1.0")
-    if document_ids is not None and len(document_ids) > MAX_FILTER_DOCUMENTS:
-        raise KBError(ErrorCode.INVALID_ARGUMENT, f"At most {MAX_FILTER_DOCUMENTS} document ids per search")
     targets = target_collections(collections)
     top_k, mode, weight = _settings(top_k, mode, semantic_weight, targets)
     filters = Filters(

@@ -220,4 +220,16 @@ def test_a_search_filter_too_large_for_the_database_is_refused_at_every_door(cli
         )
     with pytest.raises(KBError):
         search(query="lift", document_ids=[f"01H{n:023d}" for n in range(10_001)])
+    many_types = ["markdown"] * 1001
+    with pytest.raises(KBError) as raised:
+        search(query="lift", content_types=many_types)
+    assert "At most 1000 content types" in raised.value.message
+    assert error_of(call(CANONICAL, "rag_search", {"query": "lift", "content_types": many_types}))["code"] == (
+        "INVALID_ARGUMENT"
+    )
+    assert api_error(post(client, "/api/search", {"query": "lift", "content_types": many_types})) == (
+        400,
+        "INVALID_ARGUMENT",
+    )
+    assert search(query="lift", content_types=many_types[:1000]).results == []
     assert search(query="lift", metadata={f"k{n}": n for n in range(32)}).results == []
