@@ -12,6 +12,7 @@ from kb.models import Collection, Document
 from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
+from kb.services.ingest import upload_uri
 from mcp_endpoint.servers import build_server
 from mcp_endpoint.servers.prompts import GROUNDED_QA
 from mcp_endpoint.servers.rag_shapes import file_name
@@ -174,7 +175,8 @@ def test_the_hybrid_profile_fuses_ranks_at_semantic_weight_0_7():
         ("2 - Annual Leave.txt", LEAVE),
         ("3 - Expenses.txt", "Expenses are reimbursed monthly."),
     ):
-        document_create_from_text(collection=collection, source_uri=f"file:///policies/{name}", text=body)  # fmt: skip
+        uri = upload_uri(name) if name.startswith("3") else f"file:///policies/{name}"  # uploaded, or read
+        document_create_from_text(collection=collection, source_uri=uri, text=body)
     embed_pending()
     tool = schemas(HYBRID)["search_documents"].input_schema
     assert (tool["required"], tool["properties"]["top_k"]["default"]) == (["query"], 3)
@@ -193,6 +195,9 @@ def test_the_hybrid_profile_fuses_ranks_at_semantic_weight_0_7():
         )
         assert hit["rrf_score"] == pytest.approx(expected, rel=1e-4)
     assert len(call_ok(HYBRID, "search_documents", {"query": "work", "top_k": 1})) == 1
+    expenses = {"query": "expenses reimbursed monthly", "top_k": 1}
+    assert call_ok(HYBRID, "search_documents", expenses)[0]["file_name"] == "3 - Expenses.txt"
+    assert call_ok(SCIRAG, "retrieve_document_chunks", expenses)[0]["source_filename"] == "3 - Expenses.txt"
 
 
 def test_the_hybrid_profile_offers_the_grounded_qa_prompt():

@@ -14,7 +14,7 @@ from kb.forms import DocumentSourceForm, DocumentUploadForm, PlaygroundForm
 from kb.models import Chunk, Collection, Document
 from kb.search import SearchResponse, search
 from kb.selectors.admin import chunk_highlights, document_statuses, ingestion_queue
-from kb.services.ingest import IngestItem, IngestReport, document_ingest, network_file_roots
+from kb.services.ingest import UPLOAD_PREFIX, IngestItem, IngestReport, document_ingest, network_file_roots
 from kb.services.uploads import document_ingest_uploads
 
 # --- adding documents -------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def _ingest_uploads(request: HttpRequest, form: DocumentUploadForm) -> bool:
     except KBError as error:  # the one file uploaded was refused
         report = IngestReport(items=[IngestItem(source_uri=data["files"][0].name, outcome="failed", error=error)])
     for item in report.items:
-        name = item.source_uri.removeprefix("upload://")
+        name = item.source_uri.removeprefix(UPLOAD_PREFIX)
         if item.error:
             # Messages start with a word: the admin capitalises their first letter (file names too).
             messages.error(request, f"Not ingested: {name}: {item.error.message} ({item.error.code})")

@@ -216,6 +216,14 @@ def ingest_refusals_record(*, collection: Collection, items: Sequence[IngestItem
             IngestRefusal.objects.filter(id__lt=oldest_kept[0]).delete()
 
 
+UPLOAD_PREFIX = "upload://"
+
+
+def upload_uri(filename: str) -> str:
+    """The source URI of an uploaded file: ``upload://<its name>``, kept as the name was given."""
+    return f"{UPLOAD_PREFIX}{filename}"
+
+
 def upload_name(filename: str) -> str:
     """The name an uploaded file is known by (its source URI is ``upload://<name>``): folders are dropped."""
     name = Path(filename or "").name
@@ -245,7 +253,7 @@ def document_ingest_upload(
         )
     check_metadata(metadata)
     content = data if isinstance(data, bytes) else data.read()
-    source = LoadedSource(source_uri=f"upload://{name}", data=content, filename=name)
+    source = LoadedSource(source_uri=upload_uri(name), data=content, filename=name)
     return ingest_loaded(collection=collection, source=source, content_type=content_type, metadata=metadata)
 
 

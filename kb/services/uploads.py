@@ -15,6 +15,7 @@ from kb.services.ingest import (
     ingest_item,
     ingest_refusals_record,
     upload_name,
+    upload_uri,
 )
 
 
@@ -42,7 +43,7 @@ def document_ingest_uploads(
             )
             names.add(name)  # stored: a later file of this name would replace it
         except KBError as error:
-            report.items.append(IngestItem(source_uri=f"upload://{filename}", outcome="failed", error=error))
+            report.items.append(IngestItem(source_uri=upload_uri(filename), outcome="failed", error=error))
             continue
         report.items.append(ingest_item(stored))
     ingest_refusals_record(collection=collection, items=report.items)

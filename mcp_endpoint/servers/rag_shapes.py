@@ -14,7 +14,7 @@ from typing_extensions import TypedDict
 from kb.models import Chunk, Collection, Document
 from kb.search import SearchResponse, SearchResult
 from kb.selectors.collections import collection_reembedding
-from kb.services.ingest import IngestItem, IngestReport
+from kb.services.ingest import UPLOAD_PREFIX, IngestItem, IngestReport
 
 
 def millis(moment: datetime) -> int:
@@ -22,7 +22,10 @@ def millis(moment: datetime) -> int:
 
 
 def file_name(source_uri: str) -> str:
-    """The file name in a source URI or path (the seeds that speak of files show only the name)."""
+    """The file name in a source URI or path (the seeds that speak of files show only the name).
+    An upload's URI holds its name whole, where a URL parser sees a host."""
+    if source_uri.startswith(UPLOAD_PREFIX):
+        return source_uri.removeprefix(UPLOAD_PREFIX) or source_uri
     path = unquote(urlsplit(source_uri).path) if "://" in source_uri else source_uri
     return PurePosixPath(path).name or source_uri
 
