@@ -160,7 +160,8 @@ class DocumentUploadForm(forms.Form):
     required_css_class = "required"
 
     collection = _collection_field()
-    files = MultipleFileField(label="Files", help_text="Select one file or several at once.")
+    # An empty file is the service's to refuse, by name, while the others are stored.
+    files = MultipleFileField(label="Files", help_text="Select one file or several at once.", allow_empty_file=True)
     content_type = forms.ChoiceField(choices=CONTENT_TYPE_CHOICES, required=False, label="Content type")
     metadata = JSONObjectField(required=False, help_text='Added to every file, e.g. {"author": "Smith"}.')
 

@@ -160,10 +160,12 @@ def test_a_bad_file_is_reported_by_name_without_stopping_the_others(admin_client
         collection,
         SimpleUploadedFile("empty.txt", b"   \n"),
         SimpleUploadedFile("good.txt", b"Some real text.\n"),
+        SimpleUploadedFile("zero.txt", b""),  # no bytes at all: the same, not a form error for the batch
     )
     notes = messages_of(response)
     assert "Created: good.txt" in notes
-    assert any(note.startswith("Not ingested: empty.txt: No text to index") and "LOAD_FAILED" in note for note in notes)
+    for name in ("empty.txt", "zero.txt"):
+        assert any(note.startswith(f"Not ingested: {name}: No text to index") and "LOAD_FAILED" in note for note in notes)
     assert list(Document.objects.values_list("source_uri", flat=True)) == ["upload://good.txt"]
 
 
