@@ -5,12 +5,18 @@ authentication or size check runs: a 1.5 GB chunked POST with a made-up token wa
 disk in full and only then answered 401. Here a body declared larger than its limit is refused
 at once, and one that grows past it while arriving is cut off there. The limit is
 ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (``KB_UPLOAD_MAX_MEMORY_BYTES``), what Django allows a body that
-is not a file upload, and ``KB_UPLOAD_MAX_BYTES`` for ``multipart/form-data`` (files).
+is not a file upload, and ``KB_UPLOAD_MAX_BYTES`` for ``multipart/form-data`` sent to a view that
+takes files (the API's uploads and the admin's upload page): a multipart body of 250 MB sent to
+/api/search or the admin's login had been read whole before the token was checked. The admin's
+pages get the refusal as a page, the rest as the API's JSON error.
 """
 
+import html
+
 from django.conf import settings
+from django.urls import Resolver404, resolve
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kb.errors import ErrorCode, KBError
@@ -20,9 +26,20 @@ class _BodyTooLarge(Exception):
     pass
 
 
-def body_limit(headers: Headers) -> tuple[int, str]:
+# The views that take files, by their URL names.
+FILE_VIEWS = frozenset({"api:upload_documents", "admin:kb_document_add"})
+
+
+def takes_files(path: str) -> bool:
+    try:
+        return resolve(path).view_name in FILE_VIEWS
+    except Resolver404:
+        return False
+
+
+def body_limit(path: str, headers: Headers) -> tuple[int, str]:
     """The most bytes this request's body may hold, and the setting that says so."""
-    if headers.get("content-type", "").lower().startswith("multipart/form-data"):
+    if headers.get("content-type", "").lower().startswith("multipart/form-data") and takes_files(path):
         return settings.KB_UPLOAD_MAX_BYTES, "KB_UPLOAD_MAX_BYTES"
     return settings.DATA_UPLOAD_MAX_MEMORY_SIZE, "KB_UPLOAD_MAX_MEMORY_BYTES"
 
@@ -36,7 +53,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        limit, setting = body_limit(headers)
+        limit, setting = body_limit(scope["path"], headers)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             await _refuse(scope, receive, send, limit, setting)
@@ -68,5 +85,16 @@ class BodyLimit:
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int, setting: str) -> None:
     error = KBError(ErrorCode.INVALID_ARGUMENT, f"The request body is larger than {limit} bytes ({setting})")
-    response = JSONResponse(error.as_dict(), status_code=413, headers={"Connection": "close"})
+    headers = {"Connection": "close"}
+    if scope["path"].startswith("/admin/"):  # a curator's browser: a page that says what happened
+        page = ADMIN_PAGE.format(message=html.escape(error.message))
+        response: Response = HTMLResponse(page, status_code=413, headers=headers)
+    else:
+        response = JSONResponse(error.as_dict(), status_code=413, headers=headers)
     await response(scope, receive, send)
+
+
+ADMIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Too large</title></head>
+<body><h1>Not sent: too large</h1><p>{message}. Nothing was stored.</p>
+<p>Larger files go through the upload form (up to KB_UPLOAD_MAX_BYTES) or the <code>kb_ingest</code> command.</p>
+<p><a href="/admin/">Admin home</a></p></body></html>"""

@@ -158,8 +158,7 @@ def test_a_chunked_body_is_cut_off_once_it_passes_the_limit(api_url):
     assert sent < BODY_LIMIT + 64 * len(block)  # what the sockets' buffers can hold on top
 
 
-def test_an_upload_may_be_larger_than_other_bodies(api_url):
-    """Files go up to KB_UPLOAD_MAX_BYTES: 11 MB of upload reaches the API (which refuses the token)."""
+def _post_11_mb_of_files(url: str) -> httpx.Response:
     boundary = "kb-test-boundary"
     payload = (
         (
@@ -169,14 +168,32 @@ def test_an_upload_may_be_larger_than_other_bodies(api_url):
         + b"word " * (11 * 1024 * 1024 // 5)
         + f"\r\n--{boundary}--\r\n".encode()
     )
-    response = httpx.post(
-        f"{api_url}/api/collections/docs/uploads",
-        content=payload,
-        headers={"Content-Type": f"multipart/form-data; boundary={boundary}", "Authorization": "Bearer kb_made_up"},
-        timeout=60,
-    )
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", "Authorization": "Bearer kb_made_up"}
+    return httpx.post(url, content=payload, headers=headers, timeout=60)
+
+
+def test_an_upload_may_be_larger_than_other_bodies(api_url):
+    """Files go up to KB_UPLOAD_MAX_BYTES: 11 MB of upload reaches the API (which refuses the token)."""
+    response = _post_11_mb_of_files(f"{api_url}/api/collections/docs/uploads")
     assert response.status_code == 401, response.text
     assert response.json()["error"]["code"] == "UNAUTHORIZED"
+
+
+@pytest.mark.parametrize("path", ["/api/search", "/api/collections/docs/documents", "/admin/login/"])
+def test_files_sent_where_no_view_takes_them_are_held_to_the_limit_of_a_form(api_url, path):
+    """Any multipart body had been allowed KB_UPLOAD_MAX_BYTES, read whole before the token was checked."""
+    response = _post_11_mb_of_files(f"{api_url}{path}")
+    assert response.status_code == 413, response.text
+    assert "KB_UPLOAD_MAX_MEMORY_BYTES" in response.text
+
+
+def test_a_body_too_large_for_an_admin_page_is_refused_with_a_page(api_url):
+    """A curator who pasted a 12 MB data: URI into the admin sees a page, not the API's JSON."""
+    form = {"form": "uri", "uri-uri": "data:," + "a" * (12 * 1024 * 1024)}
+    response = httpx.post(f"{api_url}/admin/kb/document/add/", data=form, timeout=60)
+    assert response.status_code == 413
+    assert response.headers["content-type"].startswith("text/html")
+    assert "Not sent: too large" in response.text and "KB_UPLOAD_MAX_MEMORY_BYTES" in response.text
 
 
 @pytest.mark.parametrize("path", ["/api/nothing%0A", "/api/nothing%0Ab", "/api/stats%0A", "/api/search%0A"])
