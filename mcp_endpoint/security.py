@@ -77,6 +77,11 @@ class MCPGuard:
     async def _counted(self, caller: str, scope: Scope, receive: Receive, send: Send, session_id: str | None) -> None:
         """Serve the request, keeping count of the caller's open sessions (mcp_endpoint.sessions)."""
         method, path = scope["method"], scope["path"]
+        if method == "HEAD":  # Starlette answers HEAD as GET: an SSE stream, uncounted, that never ended well
+            allow = "GET" if path.endswith("/sse") else "GET, POST, DELETE"
+            refusal = PlainTextResponse("Method Not Allowed", status_code=405, headers={"Allow": allow})
+            await refusal(scope, receive, send)
+            return
         opens_stream = method == "GET" and path.endswith("/sse")
         opens_session = method == "POST" and path.endswith("/mcp") and session_id is None
         if (opens_stream or opens_session) and not self.sessions.admits(caller):
@@ -94,14 +99,15 @@ class MCPGuard:
                 answer["session_id"] = Headers(raw=message["headers"]).get("mcp-session-id")
             await send(message)
 
-        await self.app(scope, receive, watched)
         if session_id is None:
+            await self.app(scope, receive, watched)
             if answer.get("status") == 200 and answer.get("session_id"):
                 self.sessions.seen(caller, answer["session_id"])  # opened
-        elif method == "DELETE" and answer.get("status") in (200, 204):
+            return
+        with self.sessions.serving(caller, session_id):
+            await self.app(scope, receive, watched)
+        if method == "DELETE" and answer.get("status") in (200, 204):
             self.sessions.closed(caller, session_id)
-        else:
-            self.sessions.touched(caller, session_id)
 
 
 def too_many_sessions(limit: int) -> Response:

@@ -4,8 +4,9 @@ The SDK caps sessions only in all (10,000 Streamable HTTP sessions per server, e
 it has been idle 30 minutes; SSE streams not at all), so one token that opened 10,000 and left
 them locked every other client out of new sessions for half an hour. A caller is its token, or
 its address when it has none. Streamable HTTP sessions are counted from the answer that opens
-one (its Mcp-Session-Id) until it is deleted or has been idle as long as the SDK keeps it; SSE
-sessions while their stream is open.
+one (its Mcp-Session-Id) until it is deleted or has been idle as long as the SDK keeps it (a
+session with a request in flight, such as its GET stream of notifications, is not idle: the SDK
+keeps it too); SSE sessions while their stream is open.
 """
 
 import contextlib
@@ -28,6 +29,7 @@ class SessionQuota:
         self.idle_seconds = idle_seconds
         self._sessions: dict[str, dict[str, float]] = {}  # caller -> session id -> last seen
         self._streams: Counter[str] = Counter()
+        self._in_flight: Counter[str] = Counter()  # session id -> requests naming it being served
 
     def admits(self, caller: str) -> bool:
         """Whether ``caller`` may open one more session."""
@@ -36,7 +38,8 @@ class SessionQuota:
     def open_sessions(self, caller: str) -> int:
         sessions = self._sessions.get(caller, {})
         expired = time.monotonic() - self.idle_seconds
-        for session_id in [key for key, seen in sessions.items() if seen < expired]:
+        idle = [key for key, seen in sessions.items() if seen < expired and not self._in_flight[key]]
+        for session_id in idle:
             del sessions[session_id]
         return len(sessions) + self._streams[caller]
 
@@ -44,12 +47,21 @@ class SessionQuota:
         """The answer that opened this Streamable HTTP session was sent."""
         self._sessions.setdefault(caller, {})[session_id] = time.monotonic()
 
-    def touched(self, caller: str, session_id: str) -> None:
-        """A request naming a session ended: it is idle from now, if it is one this caller opened
-        (an unknown or expired id is not remembered, so made-up ids cost nothing)."""
-        sessions = self._sessions.get(caller, {})
-        if session_id in sessions:
-            sessions[session_id] = time.monotonic()
+    @contextlib.contextmanager
+    def serving(self, caller: str, session_id: str) -> Iterator[None]:
+        """A request naming a session is served: the session is in use until it ends, and idle
+        from then on, if it is one this caller opened (an unknown or expired id is not
+        remembered, so made-up ids cost nothing)."""
+        self._in_flight[session_id] += 1
+        try:
+            yield
+        finally:
+            self._in_flight[session_id] -= 1
+            if not self._in_flight[session_id]:
+                del self._in_flight[session_id]
+            sessions = self._sessions.get(caller, {})
+            if session_id in sessions:
+                sessions[session_id] = time.monotonic()
 
     def closed(self, caller: str, session_id: str) -> None:
         self._sessions.get(caller, {}).pop(session_id, None)

@@ -68,10 +68,37 @@ def test_a_session_idle_as_long_as_the_sdk_keeps_one_no_longer_counts(monkeypatc
     assert not quota.admits("token 1") and quota.admits("token 2")
     now[0] += 1799
     assert not quota.admits("token 1")
-    quota.touched("token 1", "a")  # used again: idle from now
-    quota.touched("token 2", "made-up")  # never opened: not counted
+    with quota.serving("token 1", "a"):  # used again: idle from the end of the request
+        pass
+    with quota.serving("token 2", "made-up"):  # never opened: not counted
+        pass
     assert quota.admits("token 2")
     now[0] += 1799
     assert not quota.admits("token 1")
     now[0] += 2
     assert quota.admits("token 1")
+
+
+def test_a_session_with_a_request_in_flight_is_not_idle(monkeypatch):
+    """The SDK keeps a session while its GET stream of notifications is open, however long."""
+    from mcp_endpoint import sessions
+
+    now = [1000.0]
+    monkeypatch.setattr(sessions.time, "monotonic", lambda: now[0])
+    quota = sessions.SessionQuota(limit=1, idle_seconds=1800)
+    quota.seen("token 1", "a")
+    with quota.serving("token 1", "a"):
+        now[0] += 3 * 1800
+        assert not quota.admits("token 1")
+    now[0] += 1799
+    assert not quota.admits("token 1")  # idle from the stream's end
+    now[0] += 2
+    assert quota.admits("token 1")
+
+
+def test_head_is_not_a_way_around_the_session_limit(server_url):
+    """Starlette answered HEAD /sse as GET: an SSE stream no limit counted, ending in a traceback."""
+    _, raw = token_create(name="heads", scope="read")
+    with httpx.Client(base_url=server_url, timeout=10, headers={"Authorization": f"Bearer {raw}"}) as client:
+        for path in ("/sse", "/mcp", "/messages/"):
+            assert client.head(path).status_code == 405, path
