@@ -53,6 +53,7 @@ from kb.models import (
     SyncStatus,
     is_collection_name,
 )
+from kb.services.collections import source_rows_lock
 from kb.services.documents import collection_index_lock
 from kb.services.ingest import ingest_loaded, network_file_roots
 from kb.storable import check_storable, storable_text
@@ -144,7 +145,9 @@ def source_update(*, source: Source, **changes: Any) -> Source:
 
 def source_delete(*, source: Source) -> None:
     """Stop following the source; the documents it brought stay in the collection."""
-    Source.objects.filter(pk=source.pk).delete()
+    with transaction.atomic():
+        source_rows_lock(Source.objects.filter(pk=source.pk))
+        Source.objects.filter(pk=source.pk).delete()
 
 
 def validate_source_fields(
@@ -528,26 +531,32 @@ OUTCOME_COUNTERS = {"created": "added", "updated": "updated", "unchanged": "unch
 
 def _ingest(source: Source, loaded: LoadedSource, items: dict[str, SourceItem], progress: _Progress) -> None:
     try:
-        stored = ingest_loaded(collection=source.collection, source=loaded)
+        # The document and the record that the source brought it commit together: a worker killed
+        # between the two had left a document no later sync would remove.
+        with transaction.atomic():
+            stored = ingest_loaded(collection=source.collection, source=loaded)
+            _remember(source, loaded, stored.outcome, items)
     except KBError as error:
         progress.count("failed", loaded.source_uri, error)
         return
+    except IntegrityError:
+        if not Source.objects.filter(pk=source.pk).exists():
+            raise _SourceGone() from None
+        raise
     progress.count(OUTCOME_COUNTERS[stored.outcome])
+
+
+def _remember(source: Source, loaded: LoadedSource, outcome: str, items: dict[str, SourceItem]) -> None:
     item = items.get(loaded.source_uri)
-    if item is None and stored.outcome != "created":
+    if item is None and outcome != "created":
         # A document that was there before the source found it (ingested by hand, by an agent,
         # by another source) is updated but never the source's: its removal is not the source's
         # to decide. A curator allowed only to edit sources had deleted others' documents so.
         return
     if item is None:
-        try:
-            items[loaded.source_uri] = SourceItem.objects.create(
-                source=source, uri=loaded.source_uri, etag=loaded.etag, last_modified=loaded.last_modified
-            )
-        except IntegrityError:
-            if not Source.objects.filter(pk=source.pk).exists():
-                raise _SourceGone() from None
-            raise
+        items[loaded.source_uri] = SourceItem.objects.create(
+            source=source, uri=loaded.source_uri, etag=loaded.etag, last_modified=loaded.last_modified
+        )
     elif (item.etag, item.last_modified) != (loaded.etag, loaded.last_modified):
         item.etag, item.last_modified = loaded.etag, loaded.last_modified
         item.save(update_fields=["etag", "last_modified"])
