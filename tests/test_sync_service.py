@@ -18,7 +18,7 @@ from django.db import IntegrityError, connection, connections
 from django.utils import timezone
 
 from kb.errors import ErrorCode, KBError
-from kb.models import Collection, Document, Source, SourceItem, SyncRun, SyncStatus
+from kb.models import Chunk, Collection, Document, Source, SourceItem, SyncRun, SyncStatus
 from kb.selectors.sources import SyncRunOut
 from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_create_from_text
@@ -420,6 +420,38 @@ def test_links_are_judged_by_where_they_lead(roots, collection):
     (folder / "policy.md").unlink()
     assert counts(sync(source)) == expected(unchanged=1, total=1)
     assert Document.objects.filter(pk=hand.documents[0].pk).exists()  # still on disk, never the source's
+
+
+@pytest.mark.parametrize("when", ["before it is resolved", "after it is resolved"])
+def test_a_file_swapped_for_a_link_out_of_the_folder_during_a_sync_is_not_read(roots, collection, monkeypatch, when):
+    """A file was resolved twice, once to check it and once to read it: swapped for a link to a
+    file elsewhere under the roots in between, that file became the source's document."""
+    from kb.ingestion import sources as loading
+
+    folder = roots / "docs"
+    write(folder, "a.md")
+    (roots / "elsewhere").mkdir()
+    (roots / "elsewhere" / "secret.md").write_text("# Secret\n\nOutside the folder: okapi.\n")
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    confine = loading.confine
+
+    def swap() -> None:
+        (folder / "a.md").unlink()
+        (folder / "a.md").symlink_to(roots / "elsewhere" / "secret.md")
+
+    def swapped_meanwhile(path, roots):
+        if when == "before it is resolved":
+            swap()
+            return confine(path, roots)
+        resolved = confine(path, roots)
+        swap()
+        return resolved
+
+    monkeypatch.setattr(loading, "confine", swapped_meanwhile)
+    run = sync(source)
+    assert counts(run) == expected(failed=1, total=1)
+    assert "okapi" not in " ".join(Chunk.objects.values_list("content", flat=True))
+    assert uris(collection) == set()
 
 
 def test_a_source_changed_while_it_runs_removes_nothing(roots, collection, monkeypatch):

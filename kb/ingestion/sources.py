@@ -177,13 +177,21 @@ def _is_folder(entry: os.DirEntry) -> bool:
         return False
 
 
-def load_candidate(candidate: Path, *, roots: Sequence[Path]) -> LoadedSource | SkippedSource:
-    """A file found in a folder: loaded when its type is supported and it lies inside ``roots``."""
+def load_candidate(
+    candidate: Path, *, roots: Sequence[Path], within: Path | None = None
+) -> LoadedSource | SkippedSource:
+    """A file found in a folder: loaded when its type is supported and it lies inside ``roots``
+    (and inside the folder ``within``, for a source that follows one). The place checked is the one
+    read: the path is resolved once and opened without following a link, so a file swapped for a
+    link meanwhile is not read where it now leads."""
     if not (supported_extension(candidate.name) or candidate.name in KNOWN_TEXT_FILENAMES):
         unsupported = KBError(ErrorCode.INVALID_ARGUMENT, f"{candidate.name}: not a supported file type")
         return SkippedSource(source_uri=candidate.as_uri(), error=unsupported, unsupported=True)
     try:
-        return load_file(confine(candidate, roots))
+        path = confine(candidate, roots)
+        if within is not None and not path.is_relative_to(within):
+            raise KBError(ErrorCode.INVALID_URI, f"{candidate} is a link to a file outside the source's folder")
+        return load_file(path)
     except KBError as error:
         return SkippedSource(source_uri=candidate.as_uri(), error=error)
 

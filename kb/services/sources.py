@@ -494,14 +494,11 @@ def _selected(relative: Path, include: Sequence[str], exclude: Sequence[str]) ->
 def _sync_file(source: Source, folder: Path, path: Path, items: dict[str, SourceItem], progress: _Progress) -> set[str]:
     """Ingest one file if it is new or changed; the URIs it accounts for. A link that leads out
     of the folder is not the source's to follow (nor is the document of the file it leads to)."""
-    real = resolved_path(path)
-    if real and not real.is_relative_to(folder):
-        outside = KBError(ErrorCode.INVALID_URI, f"{path} is a link to a file outside the source's folder")
-        progress.count("failed", path.as_uri(), outside)
-        return {path.as_uri(), real.as_uri()}
-    loaded = load_candidate(path, roots=source_file_roots())
+    loaded = load_candidate(path, roots=source_file_roots(), within=folder)
     if isinstance(loaded, SkippedSource):
-        # A file that could not be read is still there: its document must not be removed.
+        # A file that could not be read is still there: its document must not be removed (nor the
+        # one of the file a link leads to).
+        real = resolved_path(path)
         progress.count("skipped" if loaded.unsupported else "failed", loaded.source_uri, loaded.error)
         return {loaded.source_uri, *([real.as_uri()] if real else [])}
     _ingest(source, loaded, items, progress)
