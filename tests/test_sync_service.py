@@ -264,6 +264,24 @@ def test_include_and_exclude_globs_and_recursive_false_choose_the_files(roots, c
     assert uris(flat_collection) == file_uris(folder, "a.md", "b.txt")
 
 
+@pytest.mark.parametrize(
+    ("pattern", "selected"),
+    [
+        ("**/*.md", {"a.md", "sub/d.md", "sub/drafts/f.md", "drafts/c.md"}),  # the top's too, as in .gitignore
+        ("sub/**/*.md", {"sub/d.md", "sub/drafts/f.md"}),
+        ("**/drafts/*", {"drafts/c.md", "sub/drafts/f.md"}),
+        ("*.md", {"a.md", "sub/d.md", "sub/drafts/f.md", "drafts/c.md"}),
+        ("drafts/*", {"drafts/c.md"}),
+    ],
+)
+def test_a_glob_s_double_star_also_stands_for_no_folder(pattern, selected):
+    from kb.services.sources import _selected
+
+    paths = ["a.md", "b.txt", "drafts/c.md", "sub/d.md", "sub/e.txt", "sub/drafts/f.md"]
+    assert {path for path in paths if _selected(Path(path), [pattern], [])} == selected
+    assert {path for path in paths if not _selected(Path(path), [], [pattern])} == selected
+
+
 def test_narrowing_a_source_removes_what_it_no_longer_covers_at_the_next_sync(roots, collection):
     folder = roots / "docs"
     write(folder, "a.md", "b.txt", "drafts/c.md", "sub/d.md", "sub/e.txt")

@@ -16,6 +16,7 @@ and starts the syncs of sources that are due.
 
 import fnmatch
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -478,14 +479,18 @@ def _seen_from(folder: Path, path: Path) -> Path:
     return (real if real and real.is_relative_to(folder) else path).relative_to(folder)
 
 
+_ANY_FOLDERS = re.compile(r"(^|/)\*\*/")
+
+
 def _selected(relative: Path, include: Sequence[str], exclude: Sequence[str]) -> bool:
     """Whether a file's path relative to the folder passes the globs. A pattern matches the whole
     relative path (``*`` crosses folders: ``docs/*``, ``*/drafts/*``) or, without a ``/``, the
-    file name alone (``*.md``)."""
+    file name alone (``*.md``). ``**/`` also stands for no folder at all, as in .gitignore:
+    ``**/*.md`` is every Markdown file, those at the top too."""
     path = PurePosixPath(relative).as_posix()
 
     def matches(pattern: str) -> bool:
-        whole = fnmatch.fnmatchcase(path, pattern)
+        whole = any(fnmatch.fnmatchcase(path, variant) for variant in {pattern, _ANY_FOLDERS.sub(r"\1", pattern)})
         return whole or ("/" not in pattern and fnmatch.fnmatchcase(relative.name, pattern))
 
     return (not include or any(map(matches, include))) and not any(map(matches, exclude))
