@@ -4,6 +4,7 @@ A KBError becomes ``CommandError: CODE: message`` and exit status 1; ``--json`` 
 same JSON the REST API answers (kb.api.schemas), so scripts can switch between the two.
 """
 
+import argparse
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,17 @@ class KBCommand(BaseCommand):
 
     def write_table(self, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
         self.stdout.write(format_table(headers, rows))
+
+
+def positive_seconds(value: str) -> float:
+    """An argparse type: a wait of some seconds (a negative or zero wait gave up before looking)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: give a number of seconds greater than 0")
+    return seconds
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

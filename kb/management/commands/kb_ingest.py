@@ -5,7 +5,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from kb.errors import KBError
 from kb.ingestion.sources import file_path_of, is_local_path_uri
-from kb.management.base import KBCommand
+from kb.management.base import KBCommand, positive_seconds
 from kb.management.progress import Progress
 from kb.models import Collection, Document
 from kb.selectors.collections import collection_get
@@ -32,7 +32,7 @@ class Command(KBCommand):
         parser.add_argument("--content-type", help="override the detected content type (e.g. markdown, python)")
         parser.add_argument("--force", action="store_true", help="re-chunk even unchanged sources")
         parser.add_argument("--wait", action="store_true", help="wait until the worker embedded every document")
-        parser.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits at most")
+        parser.add_argument("--timeout", type=positive_seconds, default=3600.0, help="seconds --wait waits at most")
 
     def handle(self, *args: Any, sources: list[str], **options: Any) -> None:
         name = options["collection"]

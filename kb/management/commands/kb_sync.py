@@ -4,7 +4,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from kb.errors import KBError
-from kb.management.base import KBCommand
+from kb.management.base import KBCommand, positive_seconds
 from kb.management.progress import Progress
 from kb.selectors.collections import collection_get
 from kb.selectors.sources import SourceOut, SyncRunOut, source_get, source_list, sync_run_get, sync_run_latest
@@ -42,7 +42,7 @@ class Command(KBCommand):
         run = actions.add_parser("run", help="sync a source now, with a progress bar")
         run.add_argument("name")
         run.add_argument("--no-wait", action="store_true", help="start it and print its job id")
-        run.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for it at most")
+        run.add_argument("--timeout", type=positive_seconds, default=3600.0, help="seconds to wait for it at most")
         run.add_argument("--json", action="store_true", help="print the finished run as JSON")
         status = actions.add_parser("status", help="a sync run (by job id) or a source's latest run")
         status.add_argument("name_or_job_id")
@@ -102,8 +102,11 @@ class Command(KBCommand):
                 if run.done:
                     return run
                 if time.monotonic() > deadline:
-                    waiting = "no worker took it" if run.status == "queued" else "it is still running"
-                    raise CommandError(f"Gave up waiting after {timeout:.0f} s: {waiting} (job {run_id})")
+                    waiting = "no worker took it yet" if run.status == "queued" else "it is still running"
+                    raise CommandError(
+                        f"Gave up waiting after {timeout:g} s: {waiting}; it goes on without this command "
+                        f"(kb_sync status {run_id})"
+                    )
                 time.sleep(POLL_SECONDS)
 
     def _status(self, name_or_job_id: str, json: bool, **options: Any) -> None:
