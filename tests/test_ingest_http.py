@@ -89,6 +89,14 @@ def test_redirect_loops_stop_after_the_limit(collection, settings):
         fails_with(collection, f"{base}/loop", ErrorCode.LOAD_FAILED, "redirected more than 5 times")
 
 
+@pytest.mark.parametrize("status", [304, 300, 399])
+def test_a_3xx_that_is_no_redirect_is_named_by_its_status(collection, settings, status):
+    """A 304 to a question not asked, or a 300 or 399, had been "redirected without a Location header"."""
+    with serve({"/odd": lambda handler, body: (status, {}, b"")}) as base:
+        settings.KB_FETCH_ALLOWED_PRIVATE_HOSTS = ["127.0.0.1"]
+        fails_with(collection, f"{base}/odd", ErrorCode.LOAD_FAILED, f"answered HTTP {status}")
+
+
 def _slow(handler, body):
     time.sleep(2)
     return 200, {}, b"late"

@@ -593,12 +593,12 @@ def _fetch_once(
     try:
         if response.status_code == 304 and conditions:
             return None
-        if response.is_redirect:
+        if response.status_code in REDIRECTS:
             location = response.headers.get("location")
             if not location:
                 raise KBError(ErrorCode.LOAD_FAILED, f"{url} redirected without a Location header")
             return location
-        if response.status_code >= 400:
+        if not 200 <= response.status_code < 300:  # an error, or a 304 or 300 that answers no question asked
             raise KBError(ErrorCode.LOAD_FAILED, f"{url} answered HTTP {response.status_code}")
         return _read_limited(response, url, deadline), response.headers
     finally:
@@ -625,6 +625,7 @@ def _read_limited(response, url: str, deadline: "_Deadline") -> bytes:  # noqa: 
 
 # What fetches accept, and decode themselves with a bound on the output.
 ENCODINGS = "gzip, deflate"
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 def _decoder(content_encoding: str, url: str) -> Callable[[bytes, int], bytes]:
