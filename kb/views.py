@@ -1,3 +1,4 @@
+from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.views import csrf, defaults
@@ -44,7 +45,10 @@ def favicon(request: HttpRequest) -> HttpResponse:
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if not request.path_info.startswith("/api/"):
         return defaults.bad_request(request, exception)
-    reason = f": {exception}" if exception and str(exception) else ""
+    if isinstance(exception, DisallowedHost):  # Django's text advises which host to allow: the log's
+        reason = ": its Host header names no host this server answers to"
+    else:
+        reason = f": {exception}" if exception and str(exception) else ""
     error = KBError(ErrorCode.INVALID_ARGUMENT, f"The request could not be read{reason}")
     return JsonResponse(error.as_dict(), status=400)
 
