@@ -256,7 +256,8 @@ def database_sizes(collection: str) -> dict[str, float]:
     from kb.models import Collection
     from kb.vector_index import hnsw_index_name
 
-    model = Collection.objects.select_related("embedding_model").get(name=collection).embedding_model
+    target = Collection.objects.select_related("embedding_model").get(name=collection)
+    model = target.embedding_model
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_database_size(current_database()), pg_total_relation_size('kb_posting'), "
@@ -310,7 +311,7 @@ def hnsw_recall(collection: str, queries: list[str]) -> float:
     total = 0.0
     for query in queries:
         found = search(query=query, collections=[collection], top_k=10, mode="semantic").results
-        vector = query_embeddings.vector(model, query)
+        vector = query_embeddings.vector(model, query, [target.pk])
         with connection.cursor() as cursor:
             # No cast, so the per-model index cannot serve it: an exact scan.
             cursor.execute(
@@ -408,7 +409,8 @@ def semantic_breadth(collection: str) -> int:
     from kb.models import Collection
     from kb.vector_index import ef_search
 
-    model = Collection.objects.select_related("embedding_model").get(name=collection).embedding_model
+    target = Collection.objects.select_related("embedding_model").get(name=collection)
+    model = target.embedding_model
     with connection.cursor() as cursor:
         return ef_search(model, 10, cursor, ranked=True)
 
@@ -418,13 +420,14 @@ def embed_queries(collection: str, queries: list[str], kind: str) -> float:
     from kb.models import Collection
     from kb.search import query_embeddings
 
-    model = Collection.objects.select_related("embedding_model").get(name=collection).embedding_model
+    target = Collection.objects.select_related("embedding_model").get(name=collection)
+    model = target.embedding_model
     embed = embedder(kind).embed
     embed(["warm up: load the model"])
     with Timer() as timer:
         vectors = [embed([query])[0] for query in queries]
     for query, vector in zip(queries, vectors, strict=True):
-        query_embeddings.remember(model, query, vector)
+        query_embeddings.remember(model, query, [target.pk], vector)
     return timer.seconds / len(queries) * 1000
 
 

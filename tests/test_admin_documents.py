@@ -165,7 +165,9 @@ def test_a_bad_file_is_reported_by_name_without_stopping_the_others(admin_client
     notes = messages_of(response)
     assert "Created: good.txt" in notes
     for name in ("empty.txt", "zero.txt"):
-        assert any(note.startswith(f"Not ingested: {name}: No text to index") and "LOAD_FAILED" in note for note in notes)
+        assert any(
+            note.startswith(f"Not ingested: {name}: No text to index") and "LOAD_FAILED" in note for note in notes
+        )
     assert list(Document.objects.values_list("source_uri", flat=True)) == ["upload://good.txt"]
 
 

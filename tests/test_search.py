@@ -459,6 +459,17 @@ def test_repeated_queries_are_not_embedded_again(corpus):
     assert (cache.misses, cache.hits) == (misses, hits + 1)
 
 
+def test_a_query_searched_in_other_collections_is_embedded_again(corpus):
+    """A cached vector answers faster: shared between collections, it told a token limited to one
+    which texts others had searched for elsewhere."""
+    collection_create(name="private")
+    cache = search_module.query_embeddings
+    search(query="what the others look for", collections=["private"], mode="semantic")
+    misses = cache.misses
+    search(query="what the others look for", collections=["aero"], mode="semantic")
+    assert cache.misses == misses + 1
+
+
 def test_semantic_search_searches_the_graph_wider_as_it_grows_and_hybrid_does_not(corpus, monkeypatch):
     # The index of this small corpus stands for one EF_SEARCH_BASE_SIZE times larger.
     monkeypatch.setattr(vector_index, "EF_SEARCH_BASE_SIZE", 2)
@@ -508,9 +519,10 @@ def test_a_candidate_list_deeper_than_the_widest_graph_search_is_still_filled(co
 
 def test_a_remembered_query_vector_is_searched_with_and_not_embedded(corpus):
     cache = search_module.query_embeddings
-    model = Collection.objects.get(name="aero").embedding_model
-    stored = cache.vector(model, "supersonic flow over a cone")
-    cache.remember(model, "a query nobody embedded", [float(value) for value in stored.strip("[]").split(",")])
+    aero = Collection.objects.get(name="aero")
+    stored = cache.vector(aero.embedding_model, "supersonic flow over a cone", [aero.pk])
+    vector = [float(value) for value in stored.strip("[]").split(",")]
+    cache.remember(aero.embedding_model, "a query nobody embedded", [aero.pk], vector)
     misses = cache.misses
     by_vector = search(query="a query nobody embedded", collections=["aero"], mode="semantic").results
     assert cache.misses == misses

@@ -579,7 +579,9 @@ def test_kb_sync_errors_are_command_errors_with_their_code(handbook, outside):
 def test_kb_sync_run_gives_up_when_no_worker_takes_the_run(handbook):
     make_source("docs", handbook)
     began = time.monotonic()
-    with pytest.raises(CommandError, match=r"Gave up waiting after 1 s: no worker took it yet; .*kb_sync status \w{26}"):
+    with pytest.raises(
+        CommandError, match=r"Gave up waiting after 1 s: no worker took it yet; .*kb_sync status \w{26}"
+    ):
         kb_sync("run", "handbook", "--timeout", "1")
     assert time.monotonic() - began < 10
     assert SyncRun.objects.get().status == "queued"
