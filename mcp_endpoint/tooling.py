@@ -10,7 +10,7 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import Any, Literal, NoReturn, ParamSpec, TypeVar
 
 from django.db import DatabaseError, close_old_connections, connections
 from mcp.server.mcpserver import Context, MCPServer
@@ -109,6 +109,12 @@ def json_error(error: KBError, arguments: dict[str, Any] | None = None) -> CallT
     structured content: TypeScript clients check it against the tool's output schema even when
     the result is an error (checked with the MCP Inspector)."""
     return CallToolResult(content=[TextContent(type="text", text=json.dumps(error.as_dict()))], is_error=True)
+
+
+def text_error(error: KBError, arguments: dict[str, Any] | None = None) -> CallToolResult:
+    """For seeds whose SDK answers a failed tool with its message alone (TypeScript's McpServer, C#'s
+    for an McpException): an error result whose text is the code and the message."""
+    return CallToolResult(content=[TextContent(type="text", text=str(error))], is_error=True)
 
 
 def raise_tool_error(error: KBError, arguments: dict[str, Any] | None = None) -> NoReturn:
@@ -218,9 +224,10 @@ def validation_message(error: ValidationError) -> str:
 class KBServer(MCPServer):
     """An MCP server over the knowledge base.
 
-    ``json_errors``: arguments that fail the input schema are reported like every other error,
-    as INVALID_ARGUMENT in rag-mcp's shape; the other profiles answer with text, as their seeds
-    do: the SDK's "Error executing tool X:", the code, and what was wrong, without pydantic's dump.
+    ``errors``: how arguments that fail the input schema are reported, as the profile's tools
+    report every other error: ``"json"``, INVALID_ARGUMENT in rag-mcp's shape; ``"text"``, the
+    code and what was wrong (the TypeScript and C# seeds); ``"fastmcp"``, the same after FastMCP's
+    "Error executing tool X:" (the Python seeds). Never pydantic's dump.
     Tool descriptions may end with live text, e.g. the collections a search can cover, computed
     whenever the tools are listed.
     """
@@ -229,14 +236,14 @@ class KBServer(MCPServer):
         self,
         name: str,
         *,
-        json_errors: bool = False,
+        errors: Literal["json", "text", "fastmcp"] = "fastmcp",
         input_schema_in_meta: bool = False,
         strict_arguments: bool = False,
         closed_arguments: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
-        self.json_errors = json_errors
+        self.errors = errors
         # Synthesis (seed 003) attaches each tool's input JSON Schema as _meta.jsonSchema.
         self.input_schema_in_meta = input_schema_in_meta
         # Arguments are taken as their JSON Schema types say, never coerced ("5" is not 5, "false"
@@ -322,9 +329,10 @@ class KBServer(MCPServer):
             if not invalid_arguments:
                 raise
             error = KBError(ErrorCode.INVALID_ARGUMENT, validation_message(exc.__cause__))
-            if self.json_errors:
+            if self.errors == "json":
                 return json_error(error)
-            # The seeds' servers answer with text: the same, without pydantic's dump and its links.
+            if self.errors == "text":
+                return text_error(error)
             raise ToolError(f"Error executing tool {name}: {error}") from None
 
 

@@ -146,21 +146,33 @@ def test_scirag_retrieve_raises_on_error():
     )
 
 
+# FastMCP (the Python seeds) puts "Error executing tool X: " before a failed tool's message; the
+# TypeScript SDK (Synthesis) and C#'s (RagMcpServer) answer with the message alone.
+FASTMCP = "Error executing tool {tool}: "
+
+
 @pytest.mark.parametrize(
-    ("server", "tool", "arguments"),
+    ("server", "tool", "arguments", "prefix"),
     [
-        (SCIRAG, "retrieve_document_chunks", {"query": "x", "top_k": {"many": 1}}),
-        (HYBRID, "search_documents", {"query": ["x"]}),
-        (SYNTHESIS, "search_rag", {"query": "x", "collection_id": "c", "top_k": "five"}),
-        (RAGMCPSERVER, "Query", {}),
+        (SCIRAG, "retrieve_document_chunks", {"query": "x", "top_k": {"many": 1}}, FASTMCP),
+        (HYBRID, "search_documents", {"query": ["x"]}, FASTMCP),
+        (SYNTHESIS, "search_rag", {"query": "x", "collectionId": "c", "top_k": "five"}, ""),
+        (RAGMCPSERVER, "Query", {}, ""),
     ],
 )
-def test_the_raising_profiles_name_bad_arguments_briefly_with_their_code(server, tool, arguments):
+def test_the_raising_profiles_name_bad_arguments_briefly_with_their_code(server, tool, arguments, prefix):
     refused = call(server, tool, arguments)
     assert refused.is_error
     text = refused.content[0].text
-    assert text.startswith(f"Error executing tool {tool}: INVALID_ARGUMENT: "), text
+    assert text.startswith(f"{prefix.format(tool=tool)}INVALID_ARGUMENT: "), text
     assert "pydantic" not in text and len(text) < 300, text
+
+
+def test_the_typescript_and_csharp_profiles_fail_with_the_message_alone():
+    missing = call(SYNTHESIS, "search_rag", {"query": "x", "collectionId": str(uuid.uuid4())})
+    assert missing.is_error and missing.content[0].text.startswith("COLLECTION_NOT_FOUND: "), missing
+    refused = call(RAGMCPSERVER, "Inject", {"text": "  "})
+    assert refused.is_error and refused.content[0].text.startswith("INVALID_ARGUMENT: "), refused
 
 
 def test_scirag_list_collections_gives_an_empty_list_on_error():

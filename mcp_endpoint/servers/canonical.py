@@ -539,7 +539,7 @@ def build(*, read_only: bool) -> KBServer:
         version="0.1.0",
         description="Local RAG system with hybrid search",
         instructions=INSTRUCTIONS,
-        json_errors=True,
+        errors="json",
         strict_arguments=True,
     )
     server.add_tools(TOOLS, read_only=read_only)

@@ -18,7 +18,7 @@ from kb.services.embedding_pipeline import documents_embed_for_writer
 from kb.storable import parse_json
 from mcp_endpoint.budget import fit_list
 from mcp_endpoint.caller import current_access
-from mcp_endpoint.tooling import ADDITIVE, READ_ONLY, KBServer, raise_tool_error, service_tool
+from mcp_endpoint.tooling import ADDITIVE, READ_ONLY, KBServer, service_tool, text_error
 
 INJECT_COLLECTION = "RagMcpServer"
 QUERY_TOP_K = 5
@@ -35,7 +35,7 @@ def metadata_object(metadata: dict[str, Any] | str | None) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"metadata": metadata}
 
 
-@service_tool(TokenScope.WRITE, collection=INJECT_COLLECTION, on_error=raise_tool_error)
+@service_tool(TokenScope.WRITE, collection=INJECT_COLLECTION, on_error=text_error)
 def Inject(
     text: Annotated[str, Field(description="The text to add to the knowledge base")],
     metadata: Annotated[
@@ -64,7 +64,7 @@ def passage(result: SearchResult, content: str) -> str:
     return f"[{result.rank}] {result.title or result.source_uri} (similarity {result.similarity or 0.0:.3f})\n{content}"
 
 
-@service_tool(TokenScope.READ, on_error=raise_tool_error)
+@service_tool(TokenScope.READ, on_error=text_error)
 def Query(query: Annotated[str, Field(description="What to look for")]) -> str:
     """Accepts a query string and returns the five most similar passages of the knowledge base."""
     access = current_access()
@@ -83,6 +83,6 @@ def passages(results: list[SearchResult], texts: list[dict[str, str]]) -> str:
 
 
 def build(*, read_only: bool) -> KBServer:
-    server = KBServer("RagMcpServer")
+    server = KBServer("RagMcpServer", errors="text")
     server.add_tools([(Inject, ADDITIVE), (Query, READ_ONLY)], read_only=read_only, structured_output=False)
     return server

@@ -29,8 +29,8 @@ from mcp_endpoint.tooling import (
     FETCHING,
     READ_ONLY,
     KBServer,
-    raise_tool_error,
     service_tool,
+    text_error,
 )
 
 # The seed validates with zod, which coerces nothing: "5" is not a number, "true" or 1 not a boolean.
@@ -83,7 +83,7 @@ def document_json(document: Document) -> dict[str, Any]:
     }
 
 
-@service_tool(TokenScope.READ, on_error=raise_tool_error)
+@service_tool(TokenScope.READ, on_error=text_error)
 def search_rag(
     collectionId: CollectionId,
     query: Annotated[str, Field(min_length=1, description="What to search for")],
@@ -114,7 +114,7 @@ def search_rag(
     return json_text(payload)
 
 
-@service_tool(TokenScope.READ, on_error=raise_tool_error)
+@service_tool(TokenScope.READ, on_error=text_error)
 def list_collections() -> str:
     """Lists all available document collections."""
     access = current_access()
@@ -124,7 +124,7 @@ def list_collections() -> str:
     return json_text(payload)
 
 
-@service_tool(TokenScope.READ, on_error=raise_tool_error)
+@service_tool(TokenScope.READ, on_error=text_error)
 def list_documents(collection_id: CollectionId) -> str:
     """Lists all documents within a given collection."""
     collection = visible_collection(collection_id)
@@ -135,7 +135,7 @@ def list_documents(collection_id: CollectionId) -> str:
     return json_text(payload)
 
 
-@service_tool(TokenScope.WRITE, every_collection_to="create collections", on_error=raise_tool_error)
+@service_tool(TokenScope.WRITE, every_collection_to="create collections", on_error=text_error)
 def create_collection(
     name: Annotated[str, Field(description="Collection name (letters, digits, '-' and '_')")],
     description: Annotated[str, Field(description="What the collection holds")],
@@ -144,7 +144,7 @@ def create_collection(
     return json_text({"collection": collection_json(collection_create(name=name, description=description), 0)})
 
 
-@service_tool(TokenScope.WRITE, on_error=raise_tool_error)
+@service_tool(TokenScope.WRITE, on_error=text_error)
 def fetch_and_add_document_from_url(
     url: Annotated[str, Field(description="A public http(s) URL")],
     collection_id: CollectionId,
@@ -159,7 +159,7 @@ def fetch_and_add_document_from_url(
     return json_text(answer if searchable else {**answer, "note": STILL_EMBEDDING})
 
 
-@service_tool(TokenScope.WRITE, on_error=raise_tool_error)
+@service_tool(TokenScope.WRITE, on_error=text_error)
 def delete_document(doc_id: Annotated[str, Field(description="The document ID")], confirm: Confirm) -> str:
     """Deletes a document and its associated data. Requires confirmation flag."""
     current_access().document(doc_id)
@@ -168,7 +168,7 @@ def delete_document(doc_id: Annotated[str, Field(description="The document ID")]
     return json_text({"success": True, "deleted": {"id": document.pk, "title": document.title}})
 
 
-@service_tool(TokenScope.ADMIN, on_error=raise_tool_error)
+@service_tool(TokenScope.ADMIN, on_error=text_error)
 def delete_collection(collection_id: CollectionId, confirm: Confirm) -> str:
     """Deletes an entire collection. Requires confirmation flag. Use with caution."""
     collection = visible_collection(collection_id)
@@ -179,7 +179,7 @@ def delete_collection(collection_id: CollectionId, confirm: Confirm) -> str:
 
 
 def build(*, read_only: bool) -> KBServer:
-    server = KBServer("synthesis-rag", version="1.0.0", input_schema_in_meta=True, closed_arguments=True)
+    server = KBServer("synthesis-rag", version="1.0.0", errors="text", input_schema_in_meta=True, closed_arguments=True)
     server.add_tools(
         [
             (search_rag, READ_ONLY),
