@@ -26,7 +26,7 @@ from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Mount  # noqa: E402
 from starlette.staticfiles import StaticFiles  # noqa: E402
 
-from config.body_limit import BodyLimit  # noqa: E402
+from config.body_limit import BodyLimit, OneOfEach  # noqa: E402
 from mcp_endpoint.asgi import mcp_lifespan, mcp_routes  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def close_request_connections(**_: object) -> None:
 
 
 request_finished.connect(close_request_connections, sender=ASGIHandler)
-application = build_application()
+application = OneOfEach(build_application())  # every door: the MCP transports and Django
 
 # What is loaded by now lives as long as the process: frozen, the cyclic collector no longer walks
 # it, and it looks at young objects after 20,000 new ones instead of 700. Under the 50-client load

@@ -1,4 +1,5 @@
-"""Request bodies held to a limit before Django reads them.
+"""Requests refused before anything reads them: bodies held to a limit before Django reads them,
+and headers that decide access given twice.
 
 Django's ASGI handler copies a whole request body to a temporary file before any middleware,
 authentication or size check runs: a 1.5 GB chunked POST with a made-up token was written to
@@ -20,6 +21,27 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kb.errors import ErrorCode, KBError
+
+# Headers the access decision reads (kb.access): given twice, Django joined them and the MCP door
+# took the first, so one request could be judged differently by two doors.
+SINGLE_HEADERS = frozenset({b"authorization", b"origin", b"host", b"sec-fetch-site"})
+
+
+class OneOfEach:
+    """Refuse a request that gives an access header twice (400), at every door."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            names = [name.lower() for name, _ in scope["headers"] if name.lower() in SINGLE_HEADERS]
+            if len(names) != len(set(names)):
+                repeated = sorted({name.decode() for name in names if names.count(name) > 1})
+                message = f"The request gives the {', '.join(repeated)} header more than once"
+                await refuse(scope, receive, send, KBError(ErrorCode.INVALID_ARGUMENT, message), 400)
+                return
+        await self.app(scope, receive, send)
 
 
 class _BodyTooLarge(Exception):
@@ -85,16 +107,25 @@ class BodyLimit:
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int, setting: str) -> None:
     error = KBError(ErrorCode.INVALID_ARGUMENT, f"The request body is larger than {limit} bytes ({setting})")
+    await refuse(scope, receive, send, error, 413, advice=TOO_LARGE_ADVICE)
+
+
+async def refuse(
+    scope: Scope, receive: Receive, send: Send, error: KBError, status: int, advice: str = ""
+) -> None:
+    """The API's JSON error, or a page on the admin's paths (a curator's browser)."""
     headers = {"Connection": "close"}
-    if scope["path"].startswith("/admin/"):  # a curator's browser: a page that says what happened
-        page = ADMIN_PAGE.format(message=html.escape(error.message))
-        response: Response = HTMLResponse(page, status_code=413, headers=headers)
+    if scope["path"].startswith("/admin/"):
+        page = ADMIN_PAGE.format(message=html.escape(error.message), advice=advice)
+        response: Response = HTMLResponse(page, status_code=status, headers=headers)
     else:
-        response = JSONResponse(error.as_dict(), status_code=413, headers=headers)
+        response = JSONResponse(error.as_dict(), status_code=status, headers=headers)
     await response(scope, receive, send)
 
 
-ADMIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Too large</title></head>
-<body><h1>Not sent: too large</h1><p>{message}. Nothing was stored.</p>
-<p>Larger files go through the upload form (up to KB_UPLOAD_MAX_BYTES) or the <code>kb_ingest</code> command.</p>
+ADMIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Not sent</title></head>
+<body><h1>Not sent</h1><p>{message}. Nothing was stored.</p>{advice}
 <p><a href="/admin/">Admin home</a></p></body></html>"""
+TOO_LARGE_ADVICE = (
+    "<p>Larger files go through the upload form (up to KB_UPLOAD_MAX_BYTES) or the <code>kb_ingest</code> command.</p>"
+)

@@ -193,7 +193,19 @@ def test_a_body_too_large_for_an_admin_page_is_refused_with_a_page(api_url):
     response = httpx.post(f"{api_url}/admin/kb/document/add/", data=form, timeout=60)
     assert response.status_code == 413
     assert response.headers["content-type"].startswith("text/html")
-    assert "Not sent: too large" in response.text and "KB_UPLOAD_MAX_MEMORY_BYTES" in response.text
+    assert "Not sent" in response.text and "KB_UPLOAD_MAX_MEMORY_BYTES" in response.text
+
+
+@pytest.mark.parametrize("header", ["Authorization", "Origin"])
+@pytest.mark.parametrize("path", ["/api/collections", "/mcp", "/sse", "/admin/login/"])
+def test_an_access_header_given_twice_is_refused_at_every_door(api_url, path, header):
+    """Django joined two Authorization headers and the MCP door took the first: one request, two
+    judgements. Two Origins (the site's own, then another) passed the MCP door."""
+    values = {"Authorization": ("Bearer kb_made_up", "Bearer kb_other"), "Origin": (api_url, "http://evil.example")}
+    headers = [(header, value) for value in values[header]]
+    response = httpx.get(f"{api_url}{path}", headers=headers, timeout=10)
+    assert response.status_code == 400, response.text
+    assert f"gives the {header.lower()} header more than once" in response.text
 
 
 @pytest.mark.parametrize("path", ["/api/nothing%0A", "/api/nothing%0Ab", "/api/stats%0A", "/api/search%0A"])
