@@ -38,7 +38,7 @@ pytestmark = [committed_db, pytest.mark.usefixtures("tool_threads")]
 SERVER = canonical.build(read_only=False)
 READ_TOOLS = ["rag_search", "rag_list_collections", "rag_list_documents", "rag_stats", "rag_get_document",
               "rag_read_neighbors", "rag_ingestion_status", "rag_list_sources", "rag_sync_status"]  # fmt: skip
-WRITE_TOOLS = ["rag_ingest", "rag_delete", "rag_create_collection", "rag_delete_collection", "rag_create_source",
+WRITE_TOOLS = ["rag_ingest", "rag_delete", "rag_create_collection", "rag_delete_collection", "rag_create_source", "rag_update_source",
                "rag_sync_start"]  # fmt: skip
 AERO = "Wings generate lift because air flows faster over the curved upper surface than below it."
 COOKING = "Knead the dough for ten minutes, then let it rise in a warm place until doubled."

@@ -24,7 +24,7 @@ from kb.services.tokens import token_create
 from mcp_endpoint.servers import canonical
 from tests.conftest import start_worker
 from tests.support.admin_data import fast_password_hashing, staff_client  # noqa: F401 - an autouse fixture
-from tests.support.api_helpers import delete, error_of, get, headers_for, post
+from tests.support.api_helpers import delete, error_of, get, headers_for, patch, post
 from tests.support.mcp_client import call, call_ok, committed_db, http_session, structured, tool_threads  # noqa: F401
 from tests.support.mcp_client import error_of as mcp_error_of
 from tests.support.mcp_server import FAKE_MODEL, fake_embedder, uvicorn_server
@@ -189,6 +189,34 @@ def test_rest_deleting_a_source_keeps_its_documents(client, handbook):
 
 
 @pytest.mark.django_db
+def test_rest_editing_a_source_changes_what_the_next_sync_follows(client, handbook, outside):
+    """Changing a source had meant deleting and creating it again, outside the admin, and a new
+    source never removes documents that were there before it: deleted files then stayed for good."""
+    source = make_source("docs", handbook)
+    run_now(sync_start(source=source).run.pk)
+    edited = patch(client, "/api/sources/handbook", {"include": ["guide.md"], "interval_minutes": 60})
+    assert edited.status_code == 200, edited.json()
+    assert (edited.json()["include"], edited.json()["interval_minutes"]) == (["guide.md"], 60)
+    assert edited.json()["folder"] == os.path.realpath(handbook)  # the fields not given keep their values
+    second = run_now(sync_start(source=source).run.pk)
+    assert (second.unchanged, second.removed) == (1, 1)
+    assert [Path(uri).name for uri in Document.objects.values_list("source_uri", flat=True)] == ["guide.md"]
+    assert patch(client, "/api/sources/handbook", {"interval_minutes": None}).json()["interval_minutes"] is None
+
+    for bad, code in (
+        ({"recursive": None}, (400, "INVALID_ARGUMENT")),
+        ({"name": "renamed"}, (400, "INVALID_ARGUMENT")),
+        ({"folder": str(outside)}, (400, "INVALID_URI")),
+        ({"interval_minutes": 0}, (400, "INVALID_ARGUMENT")),
+        ({"collection": "nope"}, (404, "COLLECTION_NOT_FOUND")),
+    ):
+        assert error_of(patch(client, "/api/sources/handbook", bad)) == code, bad
+    assert error_of(patch(client, "/api/sources/nope", {"include": []})) == (404, "NOT_FOUND")
+    source.refresh_from_db()
+    assert (source.include, source.recursive) == (["guide.md"], True)  # nothing half-written
+
+
+@pytest.mark.django_db
 def test_rest_errors_are_json_bodies_with_their_codes(client, handbook, outside):
     collection_create(name="docs")
     for response in (
@@ -249,6 +277,7 @@ def test_rest_a_read_token_reads_sources_but_cannot_create_or_sync(client, handb
     assert error_of(post(client, "/api/sources", body, reader)) == (403, "PERMISSION_DENIED")
     assert error_of(post(client, "/api/sources/handbook/sync", token=reader)) == (403, "PERMISSION_DENIED")
     assert error_of(delete(client, "/api/sources/handbook", reader)) == (403, "PERMISSION_DENIED")
+    assert error_of(patch(client, "/api/sources/handbook", {"include": []}, reader)) == (403, "PERMISSION_DENIED")
     assert (Source.objects.count(), SyncRun.objects.count()) == (1, 0)
 
     started = post(client, "/api/sources/handbook/sync", token=writer)
@@ -279,6 +308,7 @@ def test_rest_a_token_limited_to_one_collection_does_not_see_the_sources_of_anot
         get(client, "/api/sources/src-b/runs", limited),
         post(client, "/api/sources/src-b/sync", token=limited),
         delete(client, "/api/sources/src-b", limited),
+        patch(client, "/api/sources/src-b", {"include": []}, limited),
         get(client, f"/api/sync-runs/{run_b}", limited),
     ):
         assert error_of(response) == (404, "NOT_FOUND"), response.request["PATH_INFO"]
@@ -290,6 +320,9 @@ def test_rest_a_token_limited_to_one_collection_does_not_see_the_sources_of_anot
     into_beta = {"name": "sneaky", "collection": "beta", "folder": str(roots / "b")}
     assert error_of(post(client, "/api/sources", into_beta, limited)) == (404, "COLLECTION_NOT_FOUND")
     assert not Source.objects.filter(name="sneaky").exists()
+    moved = patch(client, "/api/sources/src-a", {"collection": "beta"}, limited)  # nor moved there
+    assert error_of(moved) == (404, "COLLECTION_NOT_FOUND")
+    assert Source.objects.get(name="src-a").collection.name == "alpha"
     # Everything is visible without a limit.
     assert get(client, "/api/sources").json()["total"] == 2
 
@@ -359,6 +392,18 @@ def test_mcp_a_source_is_created_synced_and_followed(handbook):
     assert names == ["guide.md", "new.md"]
     listed = call_ok(SERVER, "rag_list_sources")["sources"][0]
     assert (listed["documents"], listed["last_run"]["job_id"]) == (2, second["job_id"])
+
+    # Narrowed in place (what is left out stays), the next sync removes what it no longer covers.
+    changed = call_ok(SERVER, "rag_update_source", {"name": "handbook", "include": ["guide.md"], "interval_minutes": 5})
+    assert (changed["include"], changed["interval_minutes"], changed["folder"]) == (
+        ["guide.md"], 5, os.path.realpath(handbook)
+    )  # fmt: skip
+    assert run_now(call_ok(SERVER, "rag_sync_start", {"source": "handbook"})["job_id"]).removed == 1
+    assert call_ok(SERVER, "rag_update_source", {"name": "handbook", "on_demand": True})["interval_minutes"] is None
+    both = {"name": "handbook", "on_demand": True, "interval_minutes": 5}
+    assert mcp_error_of(call(SERVER, "rag_update_source", both))["code"] == "INVALID_ARGUMENT"
+    missing = {"name": "nope", "include": []}
+    assert mcp_error_of(call(SERVER, "rag_update_source", missing))["code"] == "NOT_FOUND"
 
 
 @committed_db
@@ -573,6 +618,31 @@ def test_kb_sync_errors_are_command_errors_with_their_code(handbook, outside):
     kb_sync("add", "handbook", "--collection", "docs", "--folder", str(handbook))
     with pytest.raises(CommandError, match=r"^NOT_FOUND: Source handbook has not synced yet$"):
         kb_sync("status", "handbook")
+
+
+@pytest.mark.django_db
+def test_kb_sync_edit_changes_only_what_is_given(handbook, outside):
+    source = make_source("docs", handbook)
+    run_now(sync_start(source=source).run.pk)
+    out, _ = kb_sync("edit", "handbook", "--include", "guide.md", "--every", "30", "--no-recursive")
+    assert out.strip() == "Changed include, interval_minutes, recursive of source handbook; its next sync follows them."
+    source.refresh_from_db()
+    assert (source.include, source.interval_minutes, source.recursive) == (["guide.md"], 30, False)
+    assert source.folder == os.path.realpath(handbook)
+    assert run_now(sync_start(source=source).run.pk).removed == 1
+    kb_sync("edit", "handbook", "--on-demand", "--no-include")
+    source.refresh_from_db()
+    assert (source.include, source.interval_minutes) == ([], None)
+    for args, message in (
+        ((), "Nothing to change"),
+        (("--folder", str(outside)), "INVALID_URI"),
+        (("--collection", "nope"), "COLLECTION_NOT_FOUND"),
+        (("--every", "5", "--on-demand"), "not allowed with argument"),
+    ):
+        with pytest.raises(CommandError, match=message):
+            kb_sync("edit", "handbook", *args)
+    with pytest.raises(CommandError, match="NOT_FOUND: Source not found: nope"):
+        kb_sync("edit", "nope", "--every", "5")
 
 
 @pytest.mark.django_db

@@ -506,6 +506,21 @@ class SourceCreateIn(BodyInputSchema):
     interval_minutes: int | None = Field(None, description="Sync on this schedule; omit for on demand only")
 
 
+class SourceUpdateIn(BodyInputSchema):
+    """Only the fields given change; the next sync follows the new scope and removes the documents
+    the source brought and no longer covers. ``interval_minutes: null`` syncs on demand only."""
+
+    # The defaults are never applied: a field left out keeps the source's value.
+    collection: str = Field("", description="Move it to another collection")
+    folder: str = ""
+    recursive: bool = True
+    include: list[str] = []
+    exclude: list[str] = []
+    urls: list[str] = []
+    sitemap_url: str = ""
+    interval_minutes: int | None = None
+
+
 class SourceListOut(Schema):
     sources: list[SourceOut]
     total: int

@@ -5,11 +5,19 @@ from ninja import Router, Status
 
 from kb.api.auth import access_of
 from kb.api.errors import with_errors
-from kb.api.schemas import SourceCreateIn, SourceListOut, SourceName, SyncRunId, SyncRunListOut, SyncStartOut
+from kb.api.schemas import (
+    SourceCreateIn,
+    SourceListOut,
+    SourceName,
+    SourceUpdateIn,
+    SyncRunId,
+    SyncRunListOut,
+    SyncStartOut,
+)
 from kb.errors import ErrorCode
 from kb.models import TokenScope
 from kb.selectors.sources import SourceOut, SyncRunOut, source_list, sync_runs
-from kb.services.sources import source_create, source_delete, sync_start
+from kb.services.sources import source_create, source_delete, source_update, sync_start
 
 router = Router(tags=["sources"])
 CREATE_ERRORS = (ErrorCode.COLLECTION_NOT_FOUND, ErrorCode.INVALID_URI, ErrorCode.LOAD_FAILED)
@@ -42,6 +50,24 @@ def get_source(request: HttpRequest, name: SourceName) -> SourceOut:
     access = access_of(request)
     access.require(TokenScope.READ)
     return SourceOut.of(access.source(name))
+
+
+@router.patch(
+    "/sources/{name}",
+    response=with_errors({200: SourceOut}, ErrorCode.NOT_FOUND, *CREATE_ERRORS),
+    summary="Change a source: its folder, globs, URLs, schedule or collection (only the fields given)",
+    description="The next sync follows the new scope and removes the documents the source brought and no longer "
+    "covers. Edit a source rather than delete and create it again: a new source never removes documents "
+    "that were there before it.",
+)
+def update_source(request: HttpRequest, name: SourceName, payload: SourceUpdateIn) -> SourceOut:
+    access = access_of(request)
+    access.require(TokenScope.WRITE)
+    source = access.source(name)
+    changes = payload.model_dump(exclude_unset=True)
+    if "collection" in changes:
+        changes["collection"] = access.collection(changes["collection"])
+    return SourceOut.of(source_update(source=source, **changes))
 
 
 @router.delete(

@@ -144,6 +144,17 @@ def source_update(*, source: Source, **changes: Any) -> Source:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"A source named {fields['name']!r} already exists") from None
 
 
+def source_changes(*, on_demand: bool = False, **given: Any) -> dict[str, Any]:
+    """The changes to a source that a door was given, where None means "left as it is" (MCP, the
+    command line); ``on_demand`` stops its schedule, which an interval cannot say at once."""
+    changes = {key: value for key, value in given.items() if value is not None}
+    if on_demand:
+        if "interval_minutes" in changes:
+            raise KBError(ErrorCode.INVALID_ARGUMENT, "Give an interval or on demand, not both")
+        changes["interval_minutes"] = None
+    return changes
+
+
 def source_delete(*, source: Source) -> None:
     """Stop following the source; the documents it brought stay in the collection."""
     with transaction.atomic():

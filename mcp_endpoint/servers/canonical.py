@@ -31,7 +31,7 @@ from kb.services.collections import collection_create, collection_delete
 from kb.services.documents import document_delete
 from kb.services.embedding_pipeline import documents_embed_for_writer
 from kb.services.ingest import document_ingest
-from kb.services.sources import source_create, sync_start
+from kb.services.sources import source_changes, source_create, source_update, sync_start
 from mcp_endpoint.budget import fit_list, fit_texts
 from mcp_endpoint.caller import current_access, current_caller
 from mcp_endpoint.servers import prompts, resources
@@ -52,6 +52,7 @@ from mcp_endpoint.servers.rag_shapes import (
     search_output,
 )
 from mcp_endpoint.tooling import (
+    ADDITIVE,
     CREATING,
     DESTRUCTIVE,
     FETCHING,
@@ -444,6 +445,38 @@ def rag_create_source(
     return SourceOut.of(source)
 
 
+@service_tool(TokenScope.WRITE)
+def rag_update_source(
+    name: SourceName,
+    collection: Annotated[str | None, Field(description="Move it to another collection")] = None,
+    folder: Annotated[str | None, Field(description="A folder under the server's KB_FILE_ROOTS")] = None,
+    urls: Annotated[list[str] | None, Field(description="http(s) URLs to follow (replaces the list)")] = None,
+    sitemap_url: Annotated[str | None, Field(description="A sitemap whose page URLs are followed too")] = None,
+    include: Annotated[list[str] | None, Field(description="Folders: globs a file must match (replaces)")] = None,
+    exclude: Annotated[list[str] | None, Field(description="Folders: globs of files to leave out (replaces)")] = None,
+    recursive: Annotated[bool | None, Field(description="Folders: include subfolders")] = None,
+    interval_minutes: Annotated[int | None, Field(ge=1, description="Sync on this schedule")] = None,
+    on_demand: Annotated[bool, Field(description="Stop the schedule: sync only when asked")] = False,
+) -> SourceOut:
+    """Change a source; what is left out stays as it is. The next sync follows the new scope and removes
+    the documents the source brought and no longer covers. Change a source rather than delete and create
+    it again: a new source never removes documents that were in the collection before it."""
+    access = current_access()
+    source = access.source(name)
+    changes = source_changes(
+        on_demand=on_demand,
+        collection=None if collection is None else access.collection(collection),
+        folder=folder,
+        urls=urls,
+        sitemap_url=sitemap_url,
+        include=include,
+        exclude=exclude,
+        recursive=recursive,
+        interval_minutes=interval_minutes,
+    )
+    return SourceOut.of(source_update(source=source, **changes))
+
+
 class SourcesOutput(TypedDict):
     sources: list[SourceOut]
     total: int
@@ -527,6 +560,7 @@ TOOLS = [
     (rag_read_neighbors, READ_ONLY),
     (rag_ingestion_status, READ_ONLY),
     (rag_create_source, CREATING),
+    (rag_update_source, ADDITIVE),
     (rag_list_sources, READ_ONLY),
     (rag_sync_start, SYNCING),
     (rag_sync_status, READ_ONLY),

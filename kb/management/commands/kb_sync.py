@@ -1,3 +1,4 @@
+import argparse
 import time
 from typing import Any
 
@@ -8,7 +9,7 @@ from kb.management.base import KBCommand, positive_seconds
 from kb.management.progress import Progress
 from kb.selectors.collections import collection_get
 from kb.selectors.sources import SourceOut, SyncRunOut, source_get, source_list, sync_run_get, sync_run_latest
-from kb.services.sources import source_create, source_delete, sync_start
+from kb.services.sources import source_changes, source_create, source_delete, source_update, sync_start
 
 POLL_SECONDS = 0.5
 
@@ -21,12 +22,13 @@ class Command(KBCommand):
         "Examples: python manage.py kb_sync add handbook --collection docs --folder /srv/handbook --include '*.md'\n"
         "          python manage.py kb_sync add blog --collection web --sitemap https://example.org/sitemap.xml "
         "--every 60\n"
+        "          python manage.py kb_sync edit handbook --include '*.md' --include '*.txt' --every 30\n"
         "          python manage.py kb_sync run handbook\n"
         "          python manage.py kb_sync list"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        actions = parser.add_subparsers(dest="action", required=True, metavar="{add,list,run,status,remove}")
+        actions = parser.add_subparsers(dest="action", required=True, metavar="{add,edit,list,run,status,remove}")
         add = actions.add_parser("add", help="create a source")
         add.add_argument("name", help="letters, digits, '-' and '_'")
         add.add_argument("--collection", required=True)
@@ -37,6 +39,22 @@ class Command(KBCommand):
         add.add_argument("--exclude", action="append", default=[], help="glob of files to leave out (repeat)")
         add.add_argument("--no-recursive", action="store_true", help="leave subfolders out")
         add.add_argument("--every", type=int, metavar="MINUTES", help="sync on this schedule")
+        edit = actions.add_parser(
+            "edit", help="change a source (only what is given; a list given replaces the old one)"
+        )
+        edit.add_argument("name")
+        edit.add_argument("--collection", help="move it to another collection")
+        edit.add_argument("--folder", help="a folder under KB_FILE_ROOTS")
+        edit.add_argument("--url", action="append", dest="urls", help="an http(s) URL (repeat)")
+        edit.add_argument("--sitemap", help="a sitemap whose page URLs are followed")
+        edit.add_argument("--include", action="append", help="glob a file must match (repeat)")
+        edit.add_argument("--exclude", action="append", help="glob of files to leave out (repeat)")
+        edit.add_argument("--no-include", action="store_const", const=[], dest="include", help="every file")
+        edit.add_argument("--no-exclude", action="store_const", const=[], dest="exclude", help="leave none out")
+        edit.add_argument("--recursive", action=argparse.BooleanOptionalAction, help="include subfolders")
+        schedule = edit.add_mutually_exclusive_group()
+        schedule.add_argument("--every", type=int, metavar="MINUTES", help="sync on this schedule")
+        schedule.add_argument("--on-demand", action="store_true", help="sync only when asked")
         listing = actions.add_parser("list", help="sources with their last sync")
         listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
         run = actions.add_parser("run", help="sync a source now, with a progress bar")
@@ -51,7 +69,7 @@ class Command(KBCommand):
         remove.add_argument("name")
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
-        actions = {"add": self._add, "list": self._list, "run": self._run, "status": self._status}
+        actions = {"add": self._add, "edit": self._edit, "list": self._list, "run": self._run, "status": self._status}
         actions.get(action, self._remove)(**options)
 
     def _add(self, name: str, collection: str, **options: Any) -> None:
@@ -68,6 +86,24 @@ class Command(KBCommand):
         )
         schedule = f"every {source.interval_minutes} minutes" if source.interval_minutes else "on demand"
         self.stdout.write(f"Created source {source.name} for collection {collection} ({schedule}).")
+
+    def _edit(self, name: str, **options: Any) -> None:
+        collection = options["collection"]
+        changes = source_changes(
+            on_demand=options["on_demand"],
+            collection=None if collection is None else collection_get(name=collection),
+            folder=options["folder"],
+            urls=options["urls"],
+            sitemap_url=options["sitemap"],
+            include=options["include"],
+            exclude=options["exclude"],
+            recursive=options["recursive"],
+            interval_minutes=options["every"],
+        )
+        if not changes:
+            raise CommandError("Nothing to change: give at least one option (see kb_sync edit --help)")
+        source = source_update(source=source_get(name=name), **changes)
+        self.stdout.write(f"Changed {', '.join(sorted(changes))} of source {source.name}; its next sync follows them.")
 
     def _list(self, json: bool, **options: Any) -> None:
         sources = [SourceOut.of(source) for source in source_list()]
