@@ -363,5 +363,6 @@ LOGGING = {
         "django.security": {"handlers": ["callers_mistakes"], "propagate": False},
         "django.request": {"handlers": ["callers_mistakes"], "propagate": False},
         "mcp.server.sse": {"handlers": ["callers_mistakes"], "propagate": False},
+        "mcp.server.streamable_http": {"handlers": ["callers_mistakes"], "propagate": False},
     },
 }

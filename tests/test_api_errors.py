@@ -11,6 +11,7 @@ from django.db import connection
 from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
+from starlette.requests import ClientDisconnect
 
 from kb.errors import HTTP_STATUS, ErrorCode, KBError
 from kb.models import Collection, Document
@@ -193,3 +194,23 @@ def test_an_mcp_message_the_sdk_cannot_parse_is_one_warning_line():
     _, logged = server_log_of(sdk_refuses_a_message)
     assert logged.endswith("WARNING mcp.server.sse: Failed to parse message\n")
     assert logged.count("\n") == 1
+
+
+def test_a_client_gone_mid_request_is_one_warning_line_and_other_failures_keep_their_traceback():
+    """The SDK's Streamable HTTP transport logs a client that hung up in the middle of its body at
+    ERROR with a traceback (mcp/server/streamable_http.py, _handle_post_request)."""
+
+    def sdk_fails_a_post(error: Exception) -> Callable[[], None]:
+        def fail() -> None:
+            try:
+                raise error
+            except Exception:
+                logging.getLogger("mcp.server.streamable_http").exception("Error handling POST request")
+
+        return fail
+
+    _, logged = server_log_of(sdk_fails_a_post(ClientDisconnect()))
+    assert logged.endswith("WARNING mcp.server.streamable_http: Error handling POST request\n")
+    assert logged.count("\n") == 1
+    _, logged = server_log_of(sdk_fails_a_post(RuntimeError("a fault of ours")))
+    assert "ERROR mcp.server.streamable_http: Error handling POST request" in logged and "Traceback" in logged
