@@ -46,9 +46,10 @@ def schemas(server) -> dict:
 
 def paper_chunks() -> list[dict]:
     metadata = {"page_count": 5, "author": "Smith et al.", "title": "Enzymes and heat", "file_size": 12345}
+    second = {key: value for key, value in metadata.items() if key != "page_count"}  # each chunk its own
     return [
         {"text": ENZYMES, "source_filename": "paper.pdf", "chunk_index": 0, "metadata": metadata},
-        {"text": TEMPERATURE, "source_filename": "paper.pdf", "chunk_index": 1, "metadata": metadata},
+        {"text": TEMPERATURE, "source_filename": "paper.pdf", "chunk_index": 1, "metadata": second},
     ]
 
 
@@ -107,6 +108,7 @@ def test_scirag_retrieves_the_chunks_it_stored_with_similarity_scores():
         "file_size": 12345, "page_count": 5, "creation_date": None, "modification_date": None,
         "ingestion_date": ANY, "title": "Enzymes and heat", "author": "Smith et al.",
     }  # fmt: skip
+    assert (chunks[1]["metadata"]["page_count"], chunks[1]["metadata"]["file_size"]) == (None, 12345)
     everywhere = call_ok(SCIRAG, "retrieve_document_chunks", {"query": "enzyme pH"})
     assert len(everywhere) == 3  # both collections, top_k 5
 

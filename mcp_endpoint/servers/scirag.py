@@ -45,8 +45,13 @@ class RetrievedChunk(TypedDict):
 
 
 def retrieved_chunk(result: SearchResult) -> RetrievedChunk:
-    # SciRAG's fields first (None when unknown), then whatever else the document and chunk carry.
-    metadata = dict.fromkeys(SCIRAG_METADATA) | result.metadata | result.chunk_metadata
+    # SciRAG's fields first (None when unknown), then what the chunk was stored with, as each of the
+    # seed's chunks keeps its own; a chunk stored without any (a file ingested by another door) shows
+    # its document's. The document's is the union of its chunks': one chunk's page_count had shown
+    # on all of them.
+    own = result.chunk_metadata
+    stored = {"ingestion_date": result.metadata.get("ingestion_date")} | own if own else result.metadata
+    metadata = dict.fromkeys(SCIRAG_METADATA) | stored
     metadata["title"] = metadata["title"] or result.title or None
     return RetrievedChunk(
         text=result.content,
