@@ -155,7 +155,7 @@ def test_a_document_s_whole_life_through_the_tools():
 
     stats = call_ok(SERVER, "rag_stats")
     assert (stats["collections"], stats["documents"], stats["chunks"], stats["pending"]) == (1, 1, 1, 1)
-    assert stats["filter"] is None and stats["storage_bytes"] > 0
+    assert "filter" not in stats and stats["storage_bytes"] > 0  # rag-mcp types it a string, if any
     assert call_ok(SERVER, "rag_stats", {"collection": "code"})["filter"] == "code"
 
     deleted = call_ok(SERVER, "rag_delete", {"doc_id": doc_id})

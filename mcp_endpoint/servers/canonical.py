@@ -266,10 +266,18 @@ def rag_create_collection(
     )
 
 
+class StatsOutput(Stats):
+    """rag-mcp's shape: ``filter`` is a string, left out when no collection is filtered."""
+
+    filter: str | None = Field(
+        None, exclude_if=lambda value: value is None, description="Collection filter applied (if any)"
+    )
+
+
 @service_tool(TokenScope.READ)
 def rag_stats(
     collection: Annotated[str | None, Field(description="Optional collection to filter stats")] = None,
-) -> Stats:
+) -> StatsOutput:
     """Statistics of the knowledge base, or of one collection: documents, chunks, embeddings, storage size,
     and documents still waiting for embedding."""
     access = current_access()
@@ -277,7 +285,7 @@ def rag_stats(
         access.require_unrestricted("see statistics of the whole knowledge base")
     else:
         access.check_collection(collection)
-    return kb_stats(collection=collection)
+    return StatsOutput.model_validate(kb_stats(collection=collection).model_dump())
 
 
 class CollectionDeleted(TypedDict):
