@@ -340,6 +340,26 @@ def test_uploads_are_documents_that_a_second_upload_updates(collection):
     assert pdf.document.content_type == "pdf"
 
 
+@pytest.mark.parametrize(
+    ("author", "title"),
+    [
+        ("\\000AB", "Plain"),  # a NUL, as PDF's octal escape
+        ("\\376\\377\\330\\000\\000A", "Plain"),  # UTF-16 with a lone surrogate
+        ("Smith", "Nul\\000title"),
+    ],
+)
+def test_what_a_pdf_says_of_itself_is_stored_whatever_it_holds(collection, author, title):
+    """A PDF whose Author held a NUL or a lone surrogate failed its write with DATABASE_ERROR at every
+    door (and stopped a folder's ingest or sync at that file); one whose Title held a NUL was refused
+    as if the caller had given that title."""
+    stored = document_ingest_upload(
+        collection=collection, filename="odd.pdf", data=make_pdf(["Hello"], title=title, author=author)
+    )
+    document = Document.objects.get(pk=stored.document.pk)
+    assert stored.outcome == "created" and document.chunk_count == 1
+    assert "\x00" not in document.title + str(document.metadata.get("author"))
+
+
 def store_first_batch(collection):
     return document_store_chunks(
         collection=collection,

@@ -12,6 +12,7 @@ unbounded time or memory, or ending in a RecursionError.
 
 import io
 import json
+import math
 import mimetypes
 import re
 import signal
@@ -31,6 +32,7 @@ from django.conf import settings
 from kb.errors import ErrorCode, KBError
 from kb.ingestion import html_text, pdf_text
 from kb.ingestion.archives import bounded_entry_count
+from kb.storable import storable_text
 
 # The 001 seed's content_type enum, plus the formats and languages we also understand.
 CODE_CONTENT_TYPES = ("rust", "python", "typescript", "javascript", "go", "java", "cpp", "c")
@@ -147,9 +149,18 @@ class ParsedDocument:
     pages: tuple[Page, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "title", self.title[:FILE_METADATA_MAX_CHARS])
-        clipped = {k: v[:FILE_METADATA_MAX_CHARS] if isinstance(v, str) else v for k, v in self.metadata.items()}
-        object.__setattr__(self, "metadata", clipped)
+        # What a file says of itself is anybody's text: a PDF's Author holding a NUL (or a lone
+        # surrogate) had failed the document's write with a database error at every door.
+        object.__setattr__(self, "title", storable_text(self.title, limit=FILE_METADATA_MAX_CHARS))
+        object.__setattr__(self, "metadata", {key: _storable(value) for key, value in self.metadata.items()})
+
+
+def _storable(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable_text(value, limit=FILE_METADATA_MAX_CHARS)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def supported_extension(name: str) -> bool:
