@@ -612,14 +612,15 @@ def _read_limited(response, url: str, deadline: "_Deadline") -> bytes:  # noqa: 
     declared = response.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise KBError(ErrorCode.LOAD_FAILED, f"{url} is {declared} bytes; the limit is {limit} (KB_FETCH_MAX_BYTES)")
-    decoder = _decoder(response.headers.get("content-encoding", ""), url)
+    decoder = _Decoder(response.headers.get("content-encoding", ""), url)
     received = bytearray()
     for piece in response.iter_raw():
-        received.extend(decoder(piece, limit + 1 - len(received)))
+        received.extend(decoder.decode(piece, limit + 1 - len(received)))
         if len(received) > limit:
             raise KBError(ErrorCode.LOAD_FAILED, f"{url} is larger than {limit} bytes (KB_FETCH_MAX_BYTES)")
         if time.monotonic() > deadline.at:
             raise KBError(ErrorCode.LOAD_FAILED, f"{url} took longer than {settings.KB_FETCH_TIMEOUT_SECONDS}s")
+    decoder.finish()
     return bytes(received)
 
 
@@ -628,25 +629,32 @@ ENCODINGS = "gzip, deflate"
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
-def _decoder(content_encoding: str, url: str) -> Callable[[bytes, int], bytes]:
-    """A function giving at most ``room`` decoded bytes (plus one, to notice an overflow) of a piece."""
-    encodings = [part.strip().lower() for part in content_encoding.split(",") if part.strip()]
-    encodings = [encoding for encoding in encodings if encoding != "identity"]
-    if not encodings:
-        return lambda piece, room: piece
-    if len(encodings) > 1 or encodings[0] not in ("gzip", "x-gzip", "deflate"):
-        raise KBError(ErrorCode.LOAD_FAILED, f"{url} came with Content-Encoding {content_encoding[:100]!r}; "
-                      f"only one of {ENCODINGS} is accepted")  # fmt: skip
-    # wbits 47: a gzip or a zlib header, whichever the body has (headerless deflate is refused as corrupt).
-    inflater = zlib.decompressobj(47)
+class _Decoder:
+    """A response's body decoded piece by piece: at most ``room`` bytes (plus one, to notice an
+    overflow) of each, and ``finish`` says whether a compressed body ended where its stream does."""
 
-    def decode(piece: bytes, room: int) -> bytes:
+    def __init__(self, content_encoding: str, url: str) -> None:
+        self.url = url
+        encodings = [part.strip().lower() for part in content_encoding.split(",") if part.strip()]
+        encodings = [encoding for encoding in encodings if encoding != "identity"]
+        if len(encodings) > 1 or (encodings and encodings[0] not in ("gzip", "x-gzip", "deflate")):
+            raise KBError(ErrorCode.LOAD_FAILED, f"{url} came with Content-Encoding {content_encoding[:100]!r}; "
+                          f"only one of {ENCODINGS} is accepted")  # fmt: skip
+        # wbits 47: a gzip or a zlib header, whichever the body has (headerless deflate is refused as corrupt).
+        self.inflater = zlib.decompressobj(47) if encodings else None
+
+    def decode(self, piece: bytes, room: int) -> bytes:
+        if self.inflater is None:
+            return piece
         try:
-            return inflater.decompress(piece, max(room, 1))
+            return self.inflater.decompress(piece, max(room, 1))
         except zlib.error:
-            raise KBError(ErrorCode.LOAD_FAILED, f"{url}: the compressed body is corrupt") from None
+            raise KBError(ErrorCode.LOAD_FAILED, f"{self.url}: the compressed body is corrupt") from None
 
-    return decode
+    def finish(self) -> None:
+        # A compressed body cut short inflates without an error to what arrived: half a document.
+        if self.inflater is not None and not self.inflater.eof:
+            raise KBError(ErrorCode.LOAD_FAILED, f"{self.url}: the compressed body ends before its end (truncated)")
 
 
 def source_hash(data: bytes, content_type: str) -> str:

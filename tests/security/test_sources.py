@@ -411,3 +411,24 @@ def test_a_gzipped_page_within_the_limit_is_read_decoded(db, settings):
     with serve({"/page": route}) as base:
         report = document_ingest(collection=collection, uri=f"{base}/page", file_roots=[])
     assert report.documents[0].raw_content == page.decode()
+
+
+@pytest.mark.parametrize("kept", [0.5, 0.1])
+def test_a_compressed_body_cut_short_is_refused_not_stored_in_part(db, settings, kept):
+    """Cut in half, a gzipped page inflated without an error to what had arrived: stored as a
+    shorter document, ending mid-word."""
+    import gzip
+    import random
+
+    settings.KB_FETCH_ALLOWED_PRIVATE_HOSTS = ["127.0.0.1"]
+    collection = collection_create(name="gz-cut")
+    words = random.Random(7).choices(["glider", "thermal", "ridge", "lift", "sink", "wing"], k=20_000)
+    whole = gzip.compress(" ".join(words).encode())
+
+    def route(handler, request):
+        return 200, {"content-type": "text/plain", "content-encoding": "gzip"}, whole[: int(len(whole) * kept)]
+
+    with serve({"/page": route}) as base, pytest.raises(KBError) as raised:
+        document_ingest(collection=collection, uri=f"{base}/page", file_roots=[])
+    assert raised.value.code == ErrorCode.LOAD_FAILED and "truncated" in raised.value.message
+    assert not Document.objects.exists()
