@@ -54,6 +54,17 @@ def test_kb_search_prints_each_ranked_result_with_its_score_source_lines(library
     assert "Upgrade one replica at a time" in out
 
 
+def test_kb_search_shows_control_characters_of_stored_text_as_escapes():
+    """A note holding ESC sequences had retitled, cleared and hidden the operator's terminal."""
+    notes = collection_create(name="notes")
+    hostile = "Harbour note \x1b]0;PWNED\x07\x1b[2J\x1b[8mhidden words\r\x9b31m end"
+    document_create_from_text(collection=notes, source_uri="note://x\x1b[31m", text=hostile)
+    out = run("kb_search", "harbour note", "--collection", "notes", "--mode", "keyword")
+    assert "Harbour note" in out
+    assert not any(character in out for character in "\x1b\x07\r\x9b")
+    assert "\\x1b]0;PWNED\\x07\\x1b[2J" in out
+
+
 def test_kb_search_json_is_the_apis_search_response(library, client):
     out = run("kb_search", "Backoff delay", "--mode", "keyword", "--json")
     body = json.loads(out)

@@ -6,17 +6,43 @@ same JSON the REST API answers (kb.api.schemas), so scripts can switch between t
 
 import argparse
 import json
+import re
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from django.core.management.base import BaseCommand, CommandError
 from pydantic import BaseModel
 
 from kb.errors import KBError
 
+# Control characters but tab and newline (C0, DEL, C1): stored text is anybody's, and a note holding
+# ESC sequences had retitled, cleared and hidden the operator's terminal through kb_search.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class Printable:
+    """A text stream that writes control characters as visible escapes (``\\x1b``)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(_CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
 
 class KBCommand(BaseCommand):
+    """Output goes through ``Printable`` (stdout; progress bars draw on stderr)."""
+
+    def __init__(self, stdout: TextIO | None = None, **kwargs: Any) -> None:
+        super().__init__(stdout=Printable(stdout or sys.stdout), **kwargs)
+
     def execute(self, *args: Any, **options: Any) -> str | None:
+        if options.get("stdout"):
+            options["stdout"] = Printable(options["stdout"])
         try:
             return super().execute(*args, **options)
         except KBError as error:
