@@ -87,6 +87,23 @@ def test_each_chunk_lies_within_one_page_it_records():
 def test_token_counts_use_the_embedding_models_tokenizer_without_truncation():
     assert count_tokens("hello world") == 2
     assert count_tokens("word " * 1000) == 1000
+    long = "The glider rides a thermal, 3.5 m/s up; then it glides on.\n" * 10_000  # counted in pieces
+    assert count_tokens(long) == 10_000 * count_tokens("The glider rides a thermal, 3.5 m/s up; then it glides on.")
+
+
+def test_a_count_with_a_limit_stops_soon_after_the_limit(monkeypatch):
+    """A caller's 3.5 MB chunk was tokenized whole to be refused: 500 MB for the tokenizer's output."""
+    encoded: list[int] = []
+    whole = chunking.tokenizer()
+
+    class Recording:
+        def encode(self, text: str, **options):
+            encoded.append(len(text))
+            return whole.encode(text, **options)
+
+    monkeypatch.setattr(chunking, "tokenizer", lambda: Recording())
+    assert count_tokens("word " * 700_000, at_most=8192) > 8192
+    assert sum(encoded) <= chunking.COUNT_PIECE_CHARS
 
 
 HANDBOOK = """---

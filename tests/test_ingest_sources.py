@@ -304,6 +304,21 @@ def test_latin1_text_is_decoded(collection, tmp_path):
     assert "Café crème brûlée" in document.raw_content
 
 
+@pytest.mark.parametrize(
+    ("data", "kept"),
+    [
+        ("Café crème brûlée, déjà vu. Ça va très bien. ".encode() * 20 + b"\xff", "Café crème brûlée"),  # a stray byte
+        ("Notes: café and crème. ".encode() * 20 + b"then \xed\xa0\x80 (CESU)", "café and crème"),
+        ("Un café, s'il vous plaît.\n".encode("cp1252"), "Un café"),  # legacy text: still guessed
+    ],
+)
+def test_utf8_with_a_few_bad_bytes_is_text_with_replacement_characters(collection, tmp_path, data, kept):
+    """A French UTF-8 page with one stray byte was refused as no text at all; CESU bytes read as Cyrillic."""
+    (tmp_path / "notes.txt").write_bytes(data)
+    document = ingest(collection, tmp_path / "notes.txt", [tmp_path]).items[0].document
+    assert kept in document.raw_content
+
+
 def test_files_over_the_size_limit_are_refused(collection, tmp_path, settings):
     settings.KB_MAX_DOCUMENT_BYTES = 2048
     (tmp_path / "big.txt").write_text("word " * 1000)

@@ -285,10 +285,21 @@ def decode_text(data: bytes) -> str:
         try:
             text = data.decode("utf-8-sig")
         except UnicodeDecodeError:
-            text = _decode_legacy(data)
+            text = _mostly_utf8(data) or _decode_legacy(data)
     if "\x00" in text or _control_ratio(text) > 0.05:
         raise KBError(ErrorCode.LOAD_FAILED, "The content is binary, not text; it cannot be ingested")
     return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _mostly_utf8(data: bytes) -> str | None:
+    """UTF-8 with a few bad bytes (a file cut and pasted together, one byte flipped), each shown
+    as U+FFFD: a French page with one stray byte had been refused as no text at all, and other
+    damage read as Cyrillic. Text in a legacy encoding has no valid multi-byte sequences to
+    outnumber its invalid ones, so it still goes to the encoding guesser."""
+    text = data.decode("utf-8-sig", "replace")
+    replaced = text.count("\ufffd") - data.count("\ufffd".encode())
+    valid = sum(1 for character in text if ord(character) > 127 and character != "\ufffd")
+    return text if 0 < replaced * 10 <= valid else None
 
 
 def _decode_legacy(data: bytes) -> str:

@@ -316,7 +316,7 @@ def _check_chunk_sizes(drafts: Sequence[ChunkDraft]) -> None:
         if draft.token_count > limit:
             raise KBError(
                 ErrorCode.TEXT_TOO_LONG,
-                f"Chunk {draft.index} has {draft.token_count} tokens; the limit is {limit} (KB_MAX_CHUNK_TOKENS)",
+                f"Chunk {draft.index} has more than {limit} tokens (KB_MAX_CHUNK_TOKENS)",
             )
 
 
@@ -398,7 +398,7 @@ def drafts_from_chunks(chunks: Sequence[tuple[int, str, dict[str, Any]]]) -> tup
             ChunkDraft(
                 index=index,
                 content=text,
-                token_count=count_tokens(text),
+                token_count=count_tokens(text, at_most=settings.KB_MAX_CHUNK_TOKENS),  # refused past it
                 line_start=line,
                 line_end=line + lines - 1,
                 page=_page_of(chunk_metadata),
