@@ -14,13 +14,17 @@ pages get the refusal as a page, the rest as the API's JSON error.
 
 import html
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connections
 from django.urls import Resolver404, resolve
 from starlette.datastructures import Headers
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kb.access import request_access
 from kb.errors import ErrorCode, KBError
+from kb.models import TokenScope
 
 # Headers the access decision reads (kb.access): given twice, Django joined them and the MCP door
 # took the first, so one request could be judged differently by two doors.
@@ -76,6 +80,12 @@ class BodyLimit:
             return
         headers = Headers(scope=scope)
         limit, setting = body_limit(scope["path"], headers)
+        if limit > settings.DATA_UPLOAD_MAX_MEMORY_SIZE and scope["path"].startswith("/api/"):
+            try:  # files to the API: the caller may write, or none of them is read
+                await _may_write(scope, headers)
+            except KBError as error:
+                await refuse(scope, receive, send, error, error.http_status)
+                return
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             await _refuse(scope, receive, send, limit, setting)
@@ -105,14 +115,32 @@ class BodyLimit:
             await _refuse(scope, receive, send, limit, setting)
 
 
+async def _may_write(scope: Scope, headers: Headers) -> None:
+    """The API's access decision, taken before a file upload's body is read (the view takes it
+    again): a made-up token's 401 had come after 256 MB were written to a temporary file."""
+    client = scope.get("client")
+
+    def decide() -> None:
+        try:
+            request_access(
+                authorization=headers.get("authorization"),
+                client_address=client[0] if client else None,
+                host=headers.get("host"),
+                origin=headers.get("origin"),
+                fetch_site=headers.get("sec-fetch-site"),
+            ).require(TokenScope.WRITE)
+        finally:
+            connections.close_all()  # this thread's, if the token was looked up
+
+    await sync_to_async(decide, thread_sensitive=False)()
+
+
 async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int, setting: str) -> None:
     error = KBError(ErrorCode.INVALID_ARGUMENT, f"The request body is larger than {limit} bytes ({setting})")
     await refuse(scope, receive, send, error, 413, advice=TOO_LARGE_ADVICE)
 
 
-async def refuse(
-    scope: Scope, receive: Receive, send: Send, error: KBError, status: int, advice: str = ""
-) -> None:
+async def refuse(scope: Scope, receive: Receive, send: Send, error: KBError, status: int, advice: str = "") -> None:
     """The API's JSON error, or a page on the admin's paths (a curator's browser)."""
     headers = {"Connection": "close"}
     if scope["path"].startswith("/admin/"):

@@ -18,6 +18,7 @@ from schemathesis.specs.openapi.checks import (
 
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
+from kb.services.tokens import token_create
 from tests.conftest import ChildProcess, child_env, free_port, wait_for
 from tests.support.documents import MARKDOWN
 
@@ -158,25 +159,44 @@ def test_a_chunked_body_is_cut_off_once_it_passes_the_limit(api_url):
     assert sent < BODY_LIMIT + 64 * len(block)  # what the sockets' buffers can hold on top
 
 
-def _post_11_mb_of_files(url: str) -> httpx.Response:
-    boundary = "kb-test-boundary"
-    payload = (
-        (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="big.txt"\r\n'
-            "Content-Type: text/plain\r\n\r\n"
-        ).encode()
-        + b"word " * (11 * 1024 * 1024 // 5)
-        + f"\r\n--{boundary}--\r\n".encode()
-    )
-    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", "Authorization": "Bearer kb_made_up"}
-    return httpx.post(url, content=payload, headers=headers, timeout=60)
+BOUNDARY = "kb-test-boundary"
+ELEVEN_MB_OF_FILES = (
+    (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="files"; filename="big.txt"\r\n'
+        "Content-Type: text/plain\r\n\r\n"
+    ).encode()
+    + b"word " * (11 * 1024 * 1024 // 5)
+    + f"\r\n--{BOUNDARY}--\r\n".encode()
+)
+
+
+def _post_11_mb_of_files(url: str, token: str | None = "kb_made_up") -> httpx.Response:
+    headers = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.post(url, content=ELEVEN_MB_OF_FILES, headers=headers, timeout=60)
 
 
 def test_an_upload_may_be_larger_than_other_bodies(api_url):
-    """Files go up to KB_UPLOAD_MAX_BYTES: 11 MB of upload reaches the API (which refuses the token)."""
-    response = _post_11_mb_of_files(f"{api_url}/api/collections/docs/uploads")
-    assert response.status_code == 401, response.text
-    assert response.json()["error"]["code"] == "UNAUTHORIZED"
+    """Files go up to KB_UPLOAD_MAX_BYTES: 11 MB of upload reaches the view (which finds no such collection)."""
+    response = _post_11_mb_of_files(f"{api_url}/api/collections/no-such/uploads", token=None)  # loopback: allowed
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["code"] == "COLLECTION_NOT_FOUND"
+
+
+@pytest.mark.parametrize(("token", "code"), [("kb_made_up", "UNAUTHORIZED"), ("reader", "PERMISSION_DENIED")])
+def test_an_upload_the_caller_may_not_make_is_refused_before_its_body_is_read(api_url, token, code):
+    """A made-up token's 401 had come after the whole body (up to 256 MB) was written to disk."""
+    if token == "reader":
+        token = token_create(name="reader", scope="read")[1]
+    with _raw_request(
+        api_url,
+        "POST /api/collections/docs/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Length: {200 * 1024 * 1024}\r\n",
+    ) as sock:
+        status, body = _response(sock)  # no byte of the body was sent
+    assert status in (401, 403) and f'"{code}"'.encode() in body
 
 
 @pytest.mark.parametrize("path", ["/api/search", "/api/collections/docs/documents", "/admin/login/"])
