@@ -6,8 +6,9 @@ import pytest
 
 from kb.ingestion import chunking
 from kb.ingestion.chunking import ChunkSettings, chunk_text, count_tokens
-from kb.ingestion.formats import Page
-from tests.support.documents import PYTHON, RUST
+from kb.ingestion.formats import Page, parse
+from kb.ingestion.markdown_headings import markdown_headings
+from tests.support.documents import PYTHON, RUST, make_docx
 
 
 def lines_of(text: str, chunk) -> str:
@@ -139,6 +140,57 @@ def test_each_chunk_knows_the_headings_of_the_section_it_starts_in():
     assert path_of["Linux"] == ("Handbook", "Linux")  # a setext heading replaces its sibling
     assert path_of["# Operate ##"] == ("Operate",)  # a higher heading closes the deeper ones
     assert all(draft.heading_path for draft in drafts if "front matter" not in draft.content)
+
+
+@pytest.mark.parametrize(
+    ("text", "titles"),
+    [
+        ("# Top\n\npara\f# fake\n\n## Sub\n", ["Top", "Sub"]),  # \f, U+0085, U+2028 do not end a line
+        ("# Top\n\npara\x85# fake\npara\u2028# fake\n", ["Top"]),
+        ("# Top\n\n<!--\n# commented out\n-->\n\n## Sub\n", ["Top", "Sub"]),
+        ("# Top\n\n<div>\n# inside an HTML block\n</div>\n\n<!-- one line -->\n## Sub\n", ["Top", "Sub"]),
+        # a fence is closed only by a fence line without an info string
+        ("# Top\n\n```\ncode\n```python\n# a comment\n```\n\n## Later\n", ["Top", "Later"]),
+        ("first line of a title\nand its second line\n===\n\ntext\n", ["first line of a title and its second line"]),
+        ("---\n\n# A\n\ntext\n\n---\n\n# B\n", ["A", "B"]),  # thematic breaks, not front matter
+        ("---\ntitle: x\n# a YAML comment\n---\n# Real\n", ["Real"]),
+        ("Title\r\n=====\r\n\r\n## Sub\r\ntext\r\n", ["Title", "Sub"]),
+    ],
+    ids=[
+        "form feed",
+        "other line separators",
+        "HTML comment",
+        "HTML blocks",
+        "fence info string",
+        "setext lines",
+        "thematic breaks",
+        "front matter",
+        "CRLF",
+    ],
+)
+def test_only_markdown_headings_make_heading_paths(text, titles):
+    assert [heading.title for heading in markdown_headings(text)] == titles
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "---\ntitle: x\n# yaml comment\n---\n\nbody\n\n# The title\n",
+        "```sh\n# install the deps\n```\n\n# The title\n",
+        "#\nJust a paragraph that is not a heading.\n\n# The title\n",
+    ],
+    ids=["front matter comment", "fenced comment", "empty heading"],
+)
+def test_a_markdown_title_is_its_first_level_one_heading(text):
+    assert parse(text.encode(), content_type="markdown", filename="notes.md").title == "The title"
+
+
+def test_only_a_docx_heading_style_makes_a_heading():
+    body = ["# typed like a heading", "```", "- typed like a list", "Plain text after them."]
+    data = make_docx(title="Manual", heading="Chapter one", paragraphs=body)
+    parsed = parse(data, content_type="docx", filename="manual.docx")
+    assert [heading.title for heading in markdown_headings(parsed.text)] == ["Manual", "Chapter one"]
+    assert "\\# typed like a heading" in parsed.text and "Plain text after them." in parsed.text
 
 
 def test_text_without_markdown_structure_has_no_heading_path():

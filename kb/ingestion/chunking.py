@@ -20,6 +20,7 @@ from typing import Any
 from django.conf import settings
 
 from kb.ingestion.formats import BRACKET_STEPS, MARKDOWN_LIKE_CONTENT_TYPES, Page
+from kb.ingestion.markdown_headings import markdown_headings
 
 # tree-sitter grammar of each code content type: (module, function returning the language).
 TREE_SITTER_GRAMMARS: dict[str, tuple[str, str]] = {
@@ -280,58 +281,15 @@ def _line_locator(text: str) -> Callable[[int], int]:
     return line_of
 
 
-# ATX headings ("## Title ##") and setext underlines; fences open and close code blocks.
-_ATX_OPENING = re.compile(r" {0,3}(#{1,6})(?:[ \t]|$)")
-_SETEXT_UNDERLINE = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-# Lines that cannot be a setext heading's text: list items, quotes, tables, indented code.
-_NOT_SETEXT_TEXT = re.compile(r"^(?: {4}|\t| {0,3}(?:[-*+>|]|\d+[.)])(?:\s|$))")
-_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n.*?^---[ \t]*$", re.DOTALL | re.MULTILINE)
-MAX_HEADING_CHARS = 200
-
-
-def _atx_title(rest: str) -> str:
-    """An ATX heading's text without its optional closing hashes ("Title ##"), in linear time (a
-    regular expression for it backtracks quadratically on a long run of spaces)."""
-    title = rest.strip(" \t")
-    unhashed = title.rstrip("#")
-    if not unhashed or unhashed[-1] in " \t":
-        title = unhashed.rstrip(" \t")
-    return title
-
-
 def _heading_locator(text: str) -> Callable[[int], tuple[str, ...]]:
     """The heading path in force at an offset of Markdown text (a heading that starts there counts)."""
     starts: list[int] = []
     paths: list[tuple[str, ...]] = []
     stack: list[tuple[int, str]] = []
-    fence: str | None = None
-    previous: tuple[int, str] | None = None  # the last line, if it could be a setext heading's text
-    front_matter = _FRONT_MATTER.match(text)
-    offset = front_matter.end() if front_matter else 0
-    for line in text[offset:].splitlines(keepends=True):
-        stripped = line.rstrip("\r\n")
-        heading: tuple[int, int, str] | None = None  # (offset, level, title)
-        fence_match = _FENCE.match(stripped)
-        if fence is not None:
-            if fence_match and fence_match.group(1)[0] == fence[0] and len(fence_match.group(1)) >= len(fence):
-                fence = None
-        elif fence_match:
-            fence = fence_match.group(1)
-        elif atx := _ATX_OPENING.match(stripped):
-            heading = (offset, len(atx.group(1)), _atx_title(stripped[atx.end() :]))
-        elif previous is not None and (setext := _SETEXT_UNDERLINE.match(stripped)):
-            heading = (previous[0], 1 if setext.group(1)[0] == "=" else 2, previous[1])
-        if heading is not None:
-            at, level, title = heading
-            stack = [entry for entry in stack if entry[0] < level] + [
-                (level, " ".join(title.split())[:MAX_HEADING_CHARS])
-            ]
-            starts.append(at)
-            paths.append(tuple(title for _, title in stack if title))
-        plain = fence is None and heading is None and not fence_match and stripped.strip()
-        previous = (offset, stripped.strip()) if plain and not _NOT_SETEXT_TEXT.match(stripped) else None
-        offset += len(line)
+    for heading in markdown_headings(text):
+        stack = [entry for entry in stack if entry[0] < heading.level] + [(heading.level, heading.title)]
+        starts.append(heading.offset)
+        paths.append(tuple(title for _, title in stack if title))
 
     def path_at(position: int) -> tuple[str, ...]:
         index = bisect.bisect_right(starts, position) - 1

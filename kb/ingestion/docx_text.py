@@ -50,6 +50,13 @@ _CORE_PROPERTIES = {
 _RELATIONSHIP = "{http://schemas.openxmlformats.org/package/2006/relationships}Relationship"
 _W3CDTF_OFFSET = re.compile(r"([+-])(\d\d):(\d\d)")
 _HEADING_STYLE = re.compile(r"Heading (\d)")
+# What starts a Markdown block at a line's start: ATX headings, fences, quotes, HTML, list items,
+# ordered ones (escaped at their dot), setext underlines and thematic breaks.
+_BLOCK_MARKER = re.compile(
+    r"^([ \t]*)(#|`{3}|~{3}|>|<(?=[A-Za-z/!?])|[-+*](?=[ \t]|$)|[=\-*_](?=[=\-*_ \t]*$))"
+    r"|^([ \t]*\d{1,9})([.)])(?=[ \t]|$)",
+    re.MULTILINE,
+)
 # Malformed XML, a missing part, a bad CRC, an encrypted part or an unknown compression method.
 _MALFORMED = (etree.LxmlError, zipfile.BadZipFile, KeyError, ValueError, OSError, RuntimeError, NotImplementedError)
 
@@ -328,7 +335,7 @@ class _Body(_PartHandler):
             text, span = self._cells_above.get(cell.offset, own) if cell.continues_above else own
             below[cell.offset] = (text, span)
             self._count(len(text) * span)
-            cells.extend([text.strip()] * span)
+            cells.extend([_literal(text.strip())] * span)
         if self._table is not None:
             self._table.append(" | ".join(cells))
         self._cells_above, self._row = below, []
@@ -339,6 +346,7 @@ class _Body(_PartHandler):
 
 
 def _paragraph_markdown(style: str, text: str) -> str:
+    text = _literal(text)
     if style == "Title":
         return f"# {text}"
     heading = _HEADING_STYLE.match(style)
@@ -347,6 +355,16 @@ def _paragraph_markdown(style: str, text: str) -> str:
     if style.startswith("List"):
         return f"- {text}"
     return text
+
+
+def _literal(text: str) -> str:
+    """``text`` with what would start a Markdown block at a line's start escaped: only the document's
+    heading styles make headings ("# not a heading" typed in a Normal paragraph stays text)."""
+    def escaped(marker: re.Match[str]) -> str:
+        lead, sign = marker.group(1, 2) if marker.group(2) else marker.group(3, 4)
+        return f"{lead}\\{sign}"
+
+    return _BLOCK_MARKER.sub(escaped, text)
 
 
 def _int_value(attrib: Any, *, default: int) -> int:

@@ -32,6 +32,7 @@ from django.conf import settings
 from kb.errors import ErrorCode, KBError
 from kb.ingestion import html_text, pdf_text
 from kb.ingestion.archives import bounded_entry_count
+from kb.ingestion.markdown_headings import first_title
 from kb.storable import storable_text
 
 # The 001 seed's content_type enum, plus the formats and languages we also understand.
@@ -440,10 +441,8 @@ def _aliased_nodes(anchored: dict[str, int], event: Any) -> int:
 
 
 def _guess_title(text: str, content_type: str, filename: str) -> str:
-    if content_type == "markdown":
-        match = re.search(r"^#\s+(.+)$", text, re.MULTILINE)
-        if match:
-            return match.group(1).strip()
+    if content_type == "markdown" and (title := first_title(text)):
+        return title
     return PurePosixPath(filename).name if filename else ""
 
 
