@@ -360,6 +360,7 @@ def _paragraph_markdown(style: str, text: str) -> str:
 def _literal(text: str) -> str:
     """``text`` with what would start a Markdown block at a line's start escaped: only the document's
     heading styles make headings ("# not a heading" typed in a Normal paragraph stays text)."""
+
     def escaped(marker: re.Match[str]) -> str:
         lead, sign = marker.group(1, 2) if marker.group(2) else marker.group(3, 4)
         return f"{lead}\\{sign}"
