@@ -611,6 +611,24 @@ def test_grouped_by_document_fills_top_k_with_distinct_documents(sectioned):
     assert len({r.document_id for r in grouped.results}) == 2
 
 
+@pytest.mark.parametrize("mode", ["hybrid", "semantic", "keyword"])
+def test_grouped_by_document_looks_past_a_document_that_fills_the_candidate_lists(db, monkeypatch, mode):
+    monkeypatch.setattr(service, "MIN_CANDIDATE_DEPTH", 4)  # top_k 3 grouped: lists 9 deep at first
+    collection = collection_create(name="zoo", chunk_max_tokens=24, chunk_min_tokens=0)
+    big = "\n\n".join(
+        f"## Quokka {n}\n\nQuokka quokka quokkas: the quokka smiles on Rottnest, quokka {n}." for n in range(30)
+    )
+    texts = {"big": big, "small-1": "A quokka was seen.", "small-2": "Quokka tracks near the path."}
+    for name, text in texts.items():
+        stored = document_create_from_text(
+            collection=collection, source_uri=f"zoo://{name}", text=text, content_type="markdown", title=name
+        )
+        embed_now(stored.document.pk)
+    grouped = search(query="quokka", collections=["zoo"], top_k=3, mode=mode, group_by_document=True).results
+    assert sorted(r.title for r in grouped) == ["big", "small-1", "small-2"]
+    assert {r.title: r.document_hits for r in grouped}["big"] == Chunk.objects.filter(document__title="big").count()
+
+
 @pytest.mark.parametrize("with_headings", [True, False])
 def test_with_kb_embed_headings_a_chunk_is_embedded_after_its_section_titles(db, settings, with_headings):
     import numpy

@@ -34,6 +34,7 @@ searched, and the server's defaults (10, hybrid, KB_SEMANTIC_WEIGHT) across seve
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from django.conf import settings
@@ -63,6 +64,8 @@ MIN_CANDIDATE_DEPTH = 100
 # (copies of one text) wherever its walk took it, so the copies are sorted by chunk id past the cut.
 SEMANTIC_TIE_MARGIN = 10
 MAX_CANDIDATE_DEPTH = 10_000
+# Grouped by document, a search whose lists were cut before top_k documents looks this many times deeper.
+GROUPING_WIDENING = 4
 
 
 @reads_from_replica
@@ -123,62 +126,127 @@ def search(
     else:
         depth = top_k + SEMANTIC_TIE_MARGIN if mode == "semantic" else top_k
     depth = max(candidate_depth or 0, depth)
-    warnings: list[str] = []
     if not targets:
         return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=[])
 
     with read_snapshot():  # one snapshot for ranking and loading; SET LOCAL needs a transaction too
         keyword = KeywordQuery.of(query, filters) if mode in ("keyword", "hybrid") and weight < 1.0 else None
-        keyword_hits = keyword.top(depth) if keyword else []
-        vector_hits: dict[int, tuple[int, float]] = {}
-        if mode in ("semantic", "hybrid") and weight > 0.0:
-            try:
-                vector_hits = vector_search(query, targets, filters, depth, ranked=mode == "semantic")
-            except EmbeddingError as error:
-                if mode == "semantic":
-                    raise
-                warnings.append(f"Semantic search unavailable, keyword results only: {error.message}")
-        fused = fuse(keyword_hits, vector_hits, weight, mode)
-        chunk_ids = [chunk_id for chunk_id, _ in fused]
-        # No vector list at all (provider down, nothing embedded yet): the score is keyword relevance.
-        relevance = Relevance(keyword.full_match if keyword else 0.0, weight if vector_hits else 0.0)
-        similarities = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
-        keyword_scores = dict(keyword_hits)
-        scores = relevance.of_each(chunk_ids, similarities, keyword_scores)  # from the halves found so far
-        if min_similarity is not None or group_by_document:
-            completed = chunk_ids
-        elif mode == "hybrid" and fusion == "convex":
-            one_model = len(by_model(targets)) == 1
-            completed = contenders(chunk_ids, scores, keyword_scores, similarities, relevance, top_k, depth, one_model)
-        else:  # RRF needs both scores only for what it shows
-            completed = chunk_ids[:top_k]
-        if min_similarity is not None or (mode == "hybrid" and vector_hits):
-            # Chunks found only by keyword get their similarity too (the query is embedded already).
-            similarities.update(similarities_of(query, targets, [c for c in completed if c not in similarities]))
-        if keyword and mode == "hybrid":  # found by meaning only: their BM25 counts towards the score
-            keyword_scores.update(keyword.scores([c for c in completed if c not in keyword_scores]))
-        scores.update(relevance.of_each(completed, similarities, keyword_scores))
-        if mode == "hybrid" and fusion == "convex":
-            # Ties (full keyword matches, where the keyword part is capped at 1) keep their RRF order.
-            rrf = dict(fused)
-            chunk_ids.sort(key=lambda chunk_id: (-scores[chunk_id], -rrf[chunk_id], chunk_id))
-        candidates = [
-            chunk_id
-            for chunk_id in chunk_ids
-            if min_similarity is None
-            or (similarities.get(chunk_id) is not None and similarities[chunk_id] >= min_similarity)
-        ]
-        document_hits = best_per_document(candidates) if group_by_document else None
+        while True:
+            ranking = _rank(
+                query,
+                targets,
+                filters,
+                keyword,
+                mode,
+                weight,
+                fusion,
+                depth,
+                top_k,
+                min_similarity,
+                complete=min_similarity is not None or group_by_document,
+            )
+            candidates = ranking.candidates
+            document_hits = best_per_document(candidates) if group_by_document else None
+            filled = document_hits is None or len(document_hits) >= top_k
+            if filled or not ranking.cut_at(depth) or depth >= MAX_CANDIDATE_DEPTH:
+                break
+            # A few documents' chunks filled the lists: look deeper for others.
+            depth = min(MAX_CANDIDATE_DEPTH, depth * GROUPING_WIDENING)
         if document_hits is not None:
             candidates = list(document_hits)
-        fused_values = dict(fused)
+        fused_values = dict(ranking.fused)
         selected = [
             (chunk_id, fused_values[chunk_id], score)
-            for chunk_id, score in monotone(candidates[:top_k], scores)
+            for chunk_id, score in monotone(candidates[:top_k], ranking.scores)
             if min_score is None or score >= min_score
         ]
-        results = load_results(selected, mode, keyword_scores, keyword_hits, vector_hits, similarities, document_hits)
-    return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=results, warnings=warnings)
+        results = load_results(
+            selected,
+            mode,
+            ranking.keyword_scores,
+            ranking.keyword_hits,
+            ranking.vector_hits,
+            ranking.similarities,
+            document_hits,
+        )
+    return SearchResponse(query=query, mode=mode, semantic_weight=weight, results=results, warnings=ranking.warnings)
+
+
+@dataclass
+class _Ranking:
+    """Both lists of one search and the chunks they rank, best first."""
+
+    keyword_hits: list[tuple[int, float]]
+    vector_hits: dict[int, tuple[int, float]]
+    fused: list[tuple[int, float]]
+    scores: dict[int, float]
+    similarities: dict[int, float]
+    keyword_scores: dict[int, float]
+    candidates: list[int]
+    warnings: list[str]
+
+    def cut_at(self, depth: int) -> bool:
+        """Whether a list stopped at ``depth`` (more chunks match than it holds)."""
+        return len(self.keyword_hits) >= depth or len(self.vector_hits) >= depth
+
+
+def _rank(
+    query: str,
+    targets: list[Collection],
+    filters: Filters,
+    keyword: KeywordQuery | None,
+    mode: Mode,
+    weight: float,
+    fusion: str,
+    depth: int,
+    top_k: int,
+    min_similarity: float | None,
+    *,
+    complete: bool,
+) -> _Ranking:
+    """Rank ``depth`` candidates of each list. ``complete``: every candidate gets both halves of its
+    score (grouping and a similarity floor look past the top k), not only those that could reach it."""
+    warnings: list[str] = []
+    keyword_hits = keyword.top(depth) if keyword else []
+    vector_hits: dict[int, tuple[int, float]] = {}
+    if mode in ("semantic", "hybrid") and weight > 0.0:
+        try:
+            vector_hits = vector_search(query, targets, filters, depth, ranked=mode == "semantic")
+        except EmbeddingError as error:
+            if mode == "semantic":
+                raise
+            warnings.append(f"Semantic search unavailable, keyword results only: {error.message}")
+    fused = fuse(keyword_hits, vector_hits, weight, mode)
+    chunk_ids = [chunk_id for chunk_id, _ in fused]
+    # No vector list at all (provider down, nothing embedded yet): the score is keyword relevance.
+    relevance = Relevance(keyword.full_match if keyword else 0.0, weight if vector_hits else 0.0)
+    similarities = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
+    keyword_scores = dict(keyword_hits)
+    scores = relevance.of_each(chunk_ids, similarities, keyword_scores)  # from the halves found so far
+    if complete:
+        completed = chunk_ids
+    elif mode == "hybrid" and fusion == "convex":
+        one_model = len(by_model(targets)) == 1
+        completed = contenders(chunk_ids, scores, keyword_scores, similarities, relevance, top_k, depth, one_model)
+    else:  # RRF needs both scores only for what it shows
+        completed = chunk_ids[:top_k]
+    if min_similarity is not None or (mode == "hybrid" and vector_hits):
+        # Chunks found only by keyword get their similarity too (the query is embedded already).
+        similarities.update(similarities_of(query, targets, [c for c in completed if c not in similarities]))
+    if keyword and mode == "hybrid":  # found by meaning only: their BM25 counts towards the score
+        keyword_scores.update(keyword.scores([c for c in completed if c not in keyword_scores]))
+    scores.update(relevance.of_each(completed, similarities, keyword_scores))
+    if mode == "hybrid" and fusion == "convex":
+        # Ties (full keyword matches, where the keyword part is capped at 1) keep their RRF order.
+        rrf = dict(fused)
+        chunk_ids.sort(key=lambda chunk_id: (-scores[chunk_id], -rrf[chunk_id], chunk_id))
+    candidates = [
+        chunk_id
+        for chunk_id in chunk_ids
+        if min_similarity is None
+        or (similarities.get(chunk_id) is not None and similarities[chunk_id] >= min_similarity)
+    ]
+    return _Ranking(keyword_hits, vector_hits, fused, scores, similarities, keyword_scores, candidates, warnings)
 
 
 def validate_top_k(top_k: int | None, *, name: str = "top_k") -> None:
