@@ -229,7 +229,8 @@ def test_an_unknown_document_is_404_document_not_found(client, docs):
     assert error_of(delete(client, f"/api/documents/{missing}")) == (404, "DOCUMENT_NOT_FOUND")
     assert error_of(post(client, f"/api/documents/{missing}/reingest")) == (404, "DOCUMENT_NOT_FOUND")
     assert error_of(post(client, f"/api/documents/{missing}/reembed")) == (404, "DOCUMENT_NOT_FOUND")
-    assert error_of(get(client, "/api/documents/not-a-ulid")) == (400, "INVALID_ARGUMENT")
+    for malformed in ("not-a-ulid", "0" * 25, "0" * 27):  # as over MCP: an id that cannot exist is not found
+        assert error_of(get(client, f"/api/documents/{malformed}")) == (404, "DOCUMENT_NOT_FOUND")
 
 
 def test_reingest_rechunks_with_the_collections_current_settings(client, docs):

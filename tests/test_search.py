@@ -379,6 +379,7 @@ def test_filters_only_ever_narrow_the_results(corpus, mode):
     assert found() == findable
     assert found(document_ids=[]) == set()
     assert found(document_ids=[documents["heat"].pk]) == {"heat"}
+    assert found(document_ids=[documents["heat"].pk.lower()]) == {"heat"}  # a ULID in any case
     assert found(content_types=["markdown"]) == {"wings", "heat"}
     assert found(content_types=["pdf"]) == set()
     assert found(metadata={"lang": "fr"}) == {"cooking"}

@@ -51,9 +51,7 @@ CollectionName = Annotated[
         example="docs",
     ),
 ]
-DocumentId = Annotated[
-    str, Path(pattern=r"^[0-9A-Za-z]{26}$", description="Document ID (ULID)", example="01HRE4KXQN8Z3J2X5Y7A9B4C6D")
-]
+DocumentId = Annotated[str, Path(description="Document ID (ULID)", example="01HRE4KXQN8Z3J2X5Y7A9B4C6D")]
 
 
 class InputSchema(Schema):

@@ -117,7 +117,7 @@ def search(
     top_k, mode, weight = _settings(top_k, mode, semantic_weight, targets)
     filters = Filters(
         collection_ids=tuple(collection.pk for collection in targets),
-        document_ids=None if document_ids is None else tuple(str(doc) for doc in document_ids),
+        document_ids=None if document_ids is None else tuple(str(doc).upper() for doc in document_ids),  # ULIDs
         content_types=None if content_types is None else tuple(checked_content_types(content_types)),
         metadata=tuple(parse_metadata_filter(metadata or {})),
     )

@@ -1,5 +1,6 @@
 """Documents and their chunks: one document, a page of a collection's, a chunk with its neighbours."""
 
+import re
 from typing import TYPE_CHECKING
 
 from django.db.models import QuerySet
@@ -12,7 +13,13 @@ if TYPE_CHECKING:  # kb.access reads documents through this module
     from kb.access import Access
 
 
+DOCUMENT_ID_FORM = re.compile(r"[0-9A-Za-z]{26}")
+
+
 def document_get(*, doc_id: str) -> Document:
+    """The document of ``doc_id`` in any case; a malformed id is not found either, at every door."""
+    if not DOCUMENT_ID_FORM.fullmatch(doc_id):
+        raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, "Document not found: a document id is 26 letters and digits")
     try:
         return Document.objects.select_related("collection").get(pk=doc_id)
     except Document.DoesNotExist:
