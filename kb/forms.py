@@ -187,7 +187,7 @@ class DocumentSourceForm(forms.Form):
 class PlaygroundForm(forms.Form):
     required_css_class = "required"
 
-    q = forms.CharField(label="Query", max_length=2000, widget=forms.TextInput(attrs={"size": 60}))
+    q = forms.CharField(label="Query", widget=forms.TextInput(attrs={"size": 60}))  # the search checks its length
     collections = forms.ModelMultipleChoiceField(
         queryset=Collection.objects.only("id", "name").order_by("name"),
         to_field_name="name",

@@ -4,7 +4,9 @@ from unittest.mock import ANY
 
 import pytest
 
+from kb.errors import KBError
 from kb.models import Collection
+from kb.search import search as search_service
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from tests.conftest import free_port
@@ -141,6 +143,32 @@ def test_filters_narrow_the_results(client, library):
 )
 def test_invalid_search_arguments_are_400(client, body):
     assert error_of(post(client, "/api/search", body)) == (400, "INVALID_ARGUMENT")
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"query": " "},
+        {"query": "x", "top_k": 0},
+        {"query": "x", "min_score": 2},
+        {"query": "x", "content_types": ["nope"]},
+        {"query": "x", "document_ids": ["A"] * 10_001},
+        {"query": "x", "collections": ["a"] * 1_001},
+        {"query": "x" * 10_001},
+    ],
+    ids=["empty", "top_k", "min_score", "content type", "document ids", "collections", "query length"],
+)
+def test_rest_refuses_a_search_with_the_service_s_own_message(client, arguments):
+    with pytest.raises(KBError) as refused:
+        search_service(**arguments)
+    response = post(client, "/api/search", arguments)
+    assert (response.status_code, response.json()["error"]) == (400, refused.value.as_dict()["error"])
+
+
+def test_the_query_length_limit_is_kb_max_query_chars_at_every_door(client, settings):
+    settings.KB_MAX_QUERY_CHARS = 20_000
+    collection_create(name="long")
+    assert post(client, "/api/search", {"query": "wing " * 3_000, "collections": ["long"]}).status_code == 200
 
 
 def test_searching_an_unknown_collection_is_404(client):

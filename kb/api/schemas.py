@@ -30,6 +30,7 @@ from kb.models import (
     ProviderName,
 )
 from kb.search import MAX_CANDIDATE_DEPTH, Mode
+from kb.search.filters import MAX_FILTER_DOCUMENTS, MAX_FILTER_VALUES
 from kb.selectors.collections import EmbeddingModelInfo, ReembedState, collection_reembedding
 from kb.selectors.documents import DEFAULT_PAGE_SIZE, MAX_NEIGHBORS, MAX_OFFSET, MAX_PAGE_SIZE
 from kb.selectors.health import HealthStatus
@@ -171,7 +172,7 @@ class CollectionOut(Schema):
 
 class CollectionCreateIn(BodyInputSchema):
     name: str = Field(pattern=COLLECTION_NAME_PATTERN, max_length=COLLECTION_NAME_MAX_LENGTH, examples=["docs"])
-    description: str = Field("", max_length=10_000)
+    description: str = Field("", description="At most KB_MAX_DESCRIPTION_CHARS (2,000) characters")
     embedding_provider: ProviderName | None = Field(None, description="Default: EMBEDDING_PROVIDER")
     embedding_model: str | None = Field(
         None, max_length=EMBEDDING_MODEL_NAME_MAX_LENGTH, description="Default: the provider's default model"
@@ -187,7 +188,7 @@ class CollectionCreateIn(BodyInputSchema):
 class CollectionUpdateIn(BodyInputSchema):
     """Only the fields given change. A new embedding model is filled in the background."""
 
-    description: str | None = Field(None, max_length=10_000)
+    description: str | None = Field(None, description="At most KB_MAX_DESCRIPTION_CHARS (2,000) characters")
     chunk_max_tokens: ChunkMaxTokens | None = None
     chunk_min_tokens: ChunkMinTokens | None = None
     chunk_overlap_tokens: ChunkOverlapTokens | None = None
@@ -443,24 +444,34 @@ class DocumentDeletedOut(Schema):
 
 
 class SearchIn(BodyInputSchema):
-    query: str = Field(min_length=1, max_length=10_000, examples=["How do I deploy the service?"])
-    collections: list[str] | None = Field(None, max_length=1000, description="Default: every collection you can see")
-    top_k: TopK | None = Field(None, description=f"Default: the collection's search_top_k, else {DEFAULT_TOP_K}")
+    """The search service checks every bound (the same messages as MCP's and the commands')."""
+
+    query: str = Field(
+        examples=["How do I deploy the service?"], description="At most KB_MAX_QUERY_CHARS (10,000) characters"
+    )
+    collections: list[str] | None = Field(
+        None, description=f"Default: every collection you can see (at most {MAX_FILTER_VALUES})"
+    )
+    top_k: int | None = Field(
+        None, description=f"1 to {MAX_TOP_K}; default: the collection's search_top_k, else {DEFAULT_TOP_K}"
+    )
     mode: Mode | None = Field(None, description="Default: the collection's (search_hybrid false: keyword), else hybrid")
     semantic_weight: float | None = Field(
-        None, ge=0.0, le=1.0, description="Hybrid fusion weight (1.0 semantic only); default: the collection's"
+        None, description="Hybrid fusion weight, 0.0 to 1.0 (1.0 semantic only); default: the collection's"
     )
-    min_score: float | None = Field(None, ge=0.0, le=1.0, description="Drop results whose score (0 to 1) is lower")
-    min_similarity: float | None = Field(None, ge=-1.0, le=1.0, description="Drop results less similar (cosine)")
-    document_ids: list[str] | None = Field(None, max_length=10_000, description="Only these documents")
-    content_types: list[ContentType] | None = Field(None, description="Only documents of these content types")
+    min_score: float | None = Field(None, description="Drop results whose score (0.0 to 1.0) is lower")
+    min_similarity: float | None = Field(None, description="Drop results less similar (cosine, -1.0 to 1.0)")
+    document_ids: list[str] | None = Field(None, description=f"Only these documents (at most {MAX_FILTER_DOCUMENTS})")
+    content_types: list[str] | None = Field(
+        None, description=f"Only documents of these content types: {', '.join(CONTENT_TYPES)}"
+    )
     metadata: dict[str, Any] | None = Field(
         None,
         description="Filter on document metadata, e.g. "
         '{"author": "Smith", "year": {"$gte": 2020}, "lang": {"$in": ["en"]}}',
     )
     candidate_depth: int | None = Field(
-        None, ge=1, le=MAX_CANDIDATE_DEPTH, description="Candidates per retriever before fusion"
+        None, description=f"Candidates per retriever before fusion, 1 to {MAX_CANDIDATE_DEPTH}"
     )
     group_by_document: bool = Field(
         False, description="One result per document (its best chunk); document_hits counts its candidates"

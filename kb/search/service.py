@@ -97,6 +97,8 @@ def search(
         )
     if document_ids is not None and len(document_ids) > MAX_FILTER_DOCUMENTS:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"At most {MAX_FILTER_DOCUMENTS} document ids per search")
+    if collections is not None and len(collections) > MAX_FILTER_VALUES:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"At most {MAX_FILTER_VALUES} collections per search")
     if content_types is not None and len(content_types) > MAX_FILTER_VALUES:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"At most {MAX_FILTER_VALUES} content types per search")
     check_storable([query, metadata, document_ids, content_types, collections], what="search")
