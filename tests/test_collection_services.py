@@ -3,6 +3,7 @@ import pytest
 from kb.errors import ErrorCode, KBError
 from kb.models import Collection
 from kb.services.collections import collection_create, collection_delete, collection_update
+from kb.services.sources import source_create, source_delete, source_update, sync_start
 
 
 def test_it_creates_a_collection_with_the_seed_defaults(db):
@@ -78,3 +79,22 @@ def test_a_description_longer_than_the_limit_is_refused(db, settings):
     assert updated.value.code == ErrorCode.INVALID_ARGUMENT
     assert Collection.objects.get(name="short").description == "d" * 100
     assert not Collection.objects.filter(name="long").exists()
+
+
+def test_changing_a_collection_deleted_since_it_was_found_is_collection_not_found(db):
+    """A PATCH racing a DELETE had answered 500 with Django's HTML page (Collection.DoesNotExist)."""
+    found = collection_create(name="brief")
+    collection_delete(name="brief", confirm=True)
+    with pytest.raises(KBError) as refused:
+        collection_update(collection=found, search_top_k=5)
+    assert refused.value.code == ErrorCode.COLLECTION_NOT_FOUND
+
+
+def test_editing_or_syncing_a_source_deleted_since_it_was_found_is_not_found(db, tmp_path, settings):
+    settings.KB_FILE_ROOTS = [str(tmp_path)]
+    found = source_create(collection=collection_create(name="followed"), name="docs", folder=str(tmp_path))
+    source_delete(source=found)
+    for change in (lambda: source_update(source=found, interval_minutes=5), lambda: sync_start(source=found)):
+        with pytest.raises(KBError) as refused:
+            change()
+        assert refused.value.code == ErrorCode.NOT_FOUND

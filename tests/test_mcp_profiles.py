@@ -428,3 +428,20 @@ def test_file_names_are_shown_decoded_as_the_seeds_show_them():
     assert file_name("file:///srv/handbook/1%20-%20Remote%20Working.txt") == "1 - Remote Working.txt"
     assert file_name("https://example.org/docs/caf%C3%A9%20notes.md?x=1") == "café notes.md"
     assert file_name("plain name.txt") == "plain name.txt"
+
+
+def test_a_token_limited_to_a_collection_never_creates_it_by_writing():
+    """A deleted collection came back when a limited token stored chunks in it meanwhile (2 of 4
+    rounds of stores racing the deletion): such a token may write to it, not create it."""
+    limited = Access(scope="write", collections=frozenset({"papers", "RagMcpServer"}))
+    stored = call_ok(
+        SCIRAG, "store_document_chunks", {"chunks": paper_chunks(), "collection": "papers"}, access=limited
+    )
+    assert stored["success"] is False and "Collection not found: papers" in stored["message"]
+    injected = call(RAGMCPSERVER, "Inject", {"text": "hello"}, access=limited)
+    assert injected.is_error and "Collection not found: RagMcpServer" in injected.content[0].text
+    assert not Collection.objects.filter(name__in=["papers", "RagMcpServer"]).exists()
+    unlimited = Access(scope="write", collections=None)
+    assert call_ok(
+        SCIRAG, "store_document_chunks", {"chunks": paper_chunks(), "collection": "papers"}, access=unlimited
+    )["success"]

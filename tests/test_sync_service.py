@@ -480,18 +480,77 @@ def test_a_source_changed_while_it_runs_removes_nothing(roots, collection, monke
     source = source_create(collection=collection, name="docs", folder=str(folder))
     sync(source)
     (folder / "b.md").unlink()
-    other = collection_create(name="other")
     sync_file = sources._sync_file
 
-    def moved_meanwhile(source, *args, **kwargs):
-        Source.objects.filter(pk=source.pk).update(collection=other)
+    def narrowed_meanwhile(source, *args, **kwargs):
+        Source.objects.filter(pk=source.pk).update(exclude=["drafts/*"])
         return sync_file(source, *args, **kwargs)
 
-    monkeypatch.setattr(sources, "_sync_file", moved_meanwhile)
+    monkeypatch.setattr(sources, "_sync_file", narrowed_meanwhile)
     run = sync(source)
     assert run.status == SyncStatus.FAILED and run.removed == 0
     assert run.error == "The source was changed while it ran; nothing was removed"
     assert uris(collection) == file_uris(folder, "a.md", "b.md")
+
+
+@pytest.mark.django_db(transaction=True)  # each write commits, as in the worker
+def test_a_source_moved_while_it_runs_stops_and_never_takes_a_document_of_its_new_collection(
+    roots, collection, monkeypatch
+):
+    """The run had gone on writing the old collection and recorded those files as the source's, so
+    a later sync in the new collection removed a document ingested there by hand."""
+    from kb.services import sources
+
+    folder = roots / "docs"
+    write(folder, "a.md", "b.md", "c.md")
+    other = collection_create(name="other")
+    by_hand = document_ingest(collection=other, uri=str(folder / "c.md"), file_roots=[roots]).items[0]
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    sync_file = sources._sync_file
+
+    def moved_after_the_first(source, *args, **kwargs):
+        if Document.objects.filter(collection=collection).exists():
+            source_update(source=source, collection=other)
+        return sync_file(source, *args, **kwargs)
+
+    monkeypatch.setattr(sources, "_sync_file", moved_after_the_first)
+    run = sync_execute(run_id=sync_start(source=source).run.pk, worker="test-worker")
+    assert run.status == SyncStatus.FAILED and "moved to another collection" in run.error
+    assert len(uris(collection)) == 1 and not item_uris(source)  # one file written before the move
+    monkeypatch.setattr(sources, "_sync_file", sync_file)
+    sync(source)  # in its new collection: c.md was there before the source found it
+    (folder / "c.md").unlink()
+    assert sync(source).removed == 0 and Document.objects.filter(pk=by_hand.document.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_edits_of_different_fields_of_a_source_all_stay(roots, collection):
+    folder = roots / "docs"
+    folder.mkdir()
+    other = collection_create(name="other")
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    edits = [{"include": ["*.md"]}, {"exclude": ["drafts/*"]}, {"interval_minutes": 90}, {"collection": other}]
+    start = threading.Barrier(len(edits))
+
+    def edit(changes: dict) -> None:
+        try:
+            start.wait(timeout=10)
+            source_update(source=Source.objects.get(pk=source.pk), **changes)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=edit, args=(changes,)) for changes in edits]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    edited = Source.objects.get(pk=source.pk)
+    assert (edited.include, edited.exclude, edited.interval_minutes, edited.collection_id) == (
+        ["*.md"],
+        ["drafts/*"],
+        90,
+        other.pk,
+    )
 
 
 @pytest.mark.django_db(transaction=True)  # each write commits, as in the worker

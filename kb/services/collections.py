@@ -19,6 +19,7 @@ from kb.models import (
     is_collection_name,
 )
 from kb.search import validate_top_k
+from kb.selectors.collections import collection_get
 from kb.services.embedding_models import embedding_model_choose, embedding_model_default
 from kb.services.model_switch import collection_switch_model
 from kb.storable import check_storable
@@ -126,6 +127,13 @@ def collection_get_or_create(*, name: str, description: str = "") -> Collection:
         raise
 
 
+def collection_to_write(*, name: str, create: bool, description: str = "") -> Collection:
+    """The collection a seed's write goes to, created on first use when ``create`` (as those seeds
+    do). A caller limited to some collections never creates one: a collection of theirs deleted
+    meanwhile is COLLECTION_NOT_FOUND, not brought back by their next write."""
+    return collection_get_or_create(name=name, description=description) if create else collection_get(name=name)
+
+
 def collection_update(
     *,
     collection: Collection,
@@ -162,7 +170,9 @@ def collection_update(
     if semantic_weight is not None or clear_semantic_weight:
         changes["semantic_weight"] = semantic_weight
     with transaction.atomic():
-        current = Collection.objects.select_for_update().get(pk=collection.pk)
+        current = Collection.objects.select_for_update().filter(pk=collection.pk).first()
+        if current is None:  # deleted since the door found it
+            raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}")
         for name, value in changes.items():
             setattr(current, name, value)
         validate_chunk_settings(
@@ -173,7 +183,10 @@ def collection_update(
         current.save(update_fields=[*changes, "updated_at"])
         if embedding_provider or embedding_model:
             collection_switch_model(collection=current, provider=embedding_provider, model_name=embedding_model)
-    collection.refresh_from_db()
+    try:
+        collection.refresh_from_db()
+    except Collection.DoesNotExist:  # deleted as soon as the change committed
+        raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}") from None
     return collection
 
 

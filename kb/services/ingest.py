@@ -32,7 +32,7 @@ from kb.ingestion.sources import (
 )
 from kb.models import MAX_CHUNK_INDEX, Collection, Document, IngestRefusal
 from kb.selectors.documents import document_get
-from kb.services.collections import collection_get_or_create
+from kb.services.collections import collection_to_write
 from kb.services.documents import (
     StoredDocument,
     check_metadata,
@@ -335,18 +335,19 @@ def document_store_chunks(
 
 
 def document_store_chunk_batch(
-    *, collection_name: str, chunks: Sequence[ChunkInput], sources: Sequence[str]
+    *, collection_name: str, chunks: Sequence[ChunkInput], sources: Sequence[str], create_collection: bool
 ) -> list[StoredDocument]:
     """Chunks of several sources (``sources[i]`` is the source of ``chunks[i]``), one document per
-    source, into a collection created when missing; all or nothing. A source's metadata is the
-    union of its chunks' metadata. Every source is locked before any is written (sources_lock)."""
+    source, into a collection created when missing if ``create_collection`` (collection_to_write);
+    all or nothing. A source's metadata is the union of its chunks' metadata. Every source is
+    locked before any is written (sources_lock)."""
     check_storable([collection_name, list(sources)], what="collection and source names")
     by_source: dict[str, list[ChunkInput]] = {}
     for chunk, source in zip(chunks, sources, strict=True):
         by_source.setdefault(source, []).append(chunk)
     stored = []
     with transaction.atomic():
-        collection = collection_get_or_create(name=collection_name)
+        collection = collection_to_write(name=collection_name, create=create_collection)
         sources_lock(collection=collection, source_uris=by_source)
         for source in sorted(by_source):
             metadata: dict[str, Any] = {}

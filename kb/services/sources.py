@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from kb.errors import ErrorCode, KBError
@@ -110,38 +110,38 @@ def source_create(
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"A source named {name!r} already exists") from None
 
 
+SOURCE_FIELDS = ("name", "folder", "recursive", "include", "exclude", "urls", "sitemap_url", "interval_minutes")
+
+
 def source_update(*, source: Source, **changes: Any) -> Source:
     """Change a source's scope or schedule (the same checks as ``source_create``); the next sync
-    follows the new scope and removes the documents the source no longer covers."""
-    current = {
-        "name": source.name,
-        "folder": source.folder,
-        "recursive": source.recursive,
-        "include": source.include,
-        "exclude": source.exclude,
-        "urls": source.urls,
-        "sitemap_url": source.sitemap_url,
-        "interval_minutes": source.interval_minutes,
-    }
-    unknown = set(changes) - set(current) - {"collection"}
+    follows the new scope and removes the documents the source no longer covers. The changes
+    apply to the row as it is now (locked): concurrent changes of other fields are kept."""
+    unknown = set(changes) - set(SOURCE_FIELDS) - {"collection"}
     if unknown:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"Sources have no field {sorted(unknown)[0]!r}")
-    collection = changes.pop("collection", source.collection)
-    fields = validate_source_fields(**{**current, **changes})
+    collection = changes.pop("collection", None)
     try:
         with transaction.atomic():
-            locked = Source.objects.select_for_update().get(pk=source.pk)
+            locked = Source.objects.select_for_update().filter(pk=source.pk).first()
+            if locked is None:
+                raise KBError(ErrorCode.NOT_FOUND, f"Source not found: {source.name}")
+            current = {name: getattr(locked, name) for name in SOURCE_FIELDS}
+            fields = validate_source_fields(**{**current, **changes})
             if fields["interval_minutes"] != locked.interval_minutes:
                 locked.next_sync_at = _first_sync(fields["interval_minutes"])
-            if collection.pk != locked.collection_id:
+            if collection is not None and collection.pk != locked.collection_id:
+                # Locked against its deletion (which waits for this, then takes the source along).
+                if not Collection.objects.select_for_update(no_key=True).filter(pk=collection.pk).exists():
+                    raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}")
                 locked.items.all().delete()  # what it brought to the other collection stays there
-            locked.collection = collection
+                locked.collection = collection
             for key, value in fields.items():
                 setattr(locked, key, value)
             locked.save()
             return locked
     except IntegrityError:
-        raise KBError(ErrorCode.INVALID_ARGUMENT, f"A source named {fields['name']!r} already exists") from None
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"A source named {changes.get('name')!r} already exists") from None
 
 
 def source_changes(*, on_demand: bool = False, **given: Any) -> dict[str, Any]:
@@ -265,7 +265,9 @@ class SyncStart:
 def sync_start(*, source: Source, trigger: str = "manual") -> SyncStart:
     """Queue a sync of ``source``, or return the one already queued or running (never two)."""
     with transaction.atomic():
-        locked = Source.objects.select_for_update().get(pk=source.pk)
+        locked = Source.objects.select_for_update().filter(pk=source.pk).first()
+        if locked is None:  # deleted since the door found it
+            raise KBError(ErrorCode.NOT_FOUND, f"Source not found: {source.name}")
         if locked.interval_minutes:  # the schedule counts from the latest sync asked for, whoever asked
             locked.next_sync_at = timezone.now() + timedelta(minutes=locked.interval_minutes)
             locked.save(update_fields=["next_sync_at", "updated_at"])
@@ -310,6 +312,10 @@ def _resend_deadline() -> Any:
 
 class _RunTakenAway(Exception):
     """The run's lease expired and it was given up while this worker still worked on it."""
+
+
+class _SourceMoved(Exception):
+    """The source was moved to another collection while the run worked on it: the run stops."""
 
 
 class _SourceGone(Exception):
@@ -388,6 +394,8 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
         return _given_up(run_id)
     except _SourceGone:
         return _source_gone(run_id)
+    except _SourceMoved:
+        run.error = "The source was moved to another collection while it ran; it stopped there, nothing was removed"
     except KBError as error:  # the scan could not start: the folder is gone, outside the roots...
         run.error = f"{error.message}; nothing was removed"
     except DatabaseError:
@@ -548,6 +556,7 @@ def _ingest(source: Source, loaded: LoadedSource, items: dict[str, SourceItem], 
         # between the two had left a document no later sync would remove.
         with transaction.atomic():
             stored = ingest_loaded(collection=source.collection, source=loaded)
+            _check_still_in(source)
             _remember(source, loaded, stored.outcome, items)
     except KBError as error:
         progress.count("failed", loaded.source_uri, error)
@@ -557,6 +566,20 @@ def _ingest(source: Source, loaded: LoadedSource, items: dict[str, SourceItem], 
             raise _SourceGone() from None
         raise
     progress.count(OUTCOME_COUNTERS[stored.outcome])
+
+
+def _check_still_in(source: Source) -> None:
+    """Raise _SourceMoved when the source has moved to another collection since the run began (its
+    document must not be written to the old one, nor recorded as the source's in the new one), and
+    hold the source's row until the write commits: a move or a deletion waits for it. Taken after
+    the document's write, which holds the collection first, in the order a deletion takes them."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT collection_id FROM kb_source WHERE id = %s FOR SHARE", [source.pk])
+        row = cursor.fetchone()
+    if row is None:
+        raise _SourceGone()
+    if row[0] != source.collection_id:
+        raise _SourceMoved()
 
 
 def _remember(source: Source, loaded: LoadedSource, outcome: str, items: dict[str, SourceItem]) -> None:

@@ -77,13 +77,15 @@ def token_create(
     if created_by is not None and scope not in scopes_grantable_by(created_by):
         raise KBError(ErrorCode.PERMISSION_DENIED, f"You may not hand out a token of scope {scope!r}")
     validate_expiry(expires_at)
-    found = list(Collection.objects.filter(name__in=list(collections)))
-    missing = sorted(set(collections) - {collection.name for collection in found})
-    if missing:
-        raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {', '.join(missing)}")
     prefix = secrets.token_hex(4)
     raw = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     with transaction.atomic():
+        # Locked until the token's links commit: a deletion of one waits, instead of breaking them.
+        named = Collection.objects.filter(name__in=list(collections)).order_by("pk")
+        found = list(named.select_for_update(no_key=True))
+        missing = sorted(set(collections) - {collection.name for collection in found})
+        if missing:
+            raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {', '.join(missing)}")
         token = ApiToken.objects.create(
             name=name.strip(),
             prefix=prefix,

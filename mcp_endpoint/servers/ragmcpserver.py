@@ -12,7 +12,7 @@ from kb.errors import ErrorCode, KBError
 from kb.models import TokenScope
 from kb.search import SearchResult, search
 from kb.selectors.ingestion import STILL_EMBEDDING
-from kb.services.collections import collection_get_or_create
+from kb.services.collections import collection_to_write
 from kb.services.documents import document_create_from_text
 from kb.services.embedding_pipeline import documents_embed_for_writer
 from kb.storable import parse_json
@@ -49,7 +49,9 @@ def Inject(
     # Named by content: injecting the same text again is a no-op.
     source_uri = f"inject://{hashlib.sha256(text.encode('utf-8')).hexdigest()[:32]}"
     stored = document_create_from_text(
-        collection=collection_get_or_create(name=INJECT_COLLECTION, description="Text injected by MCP clients"),
+        collection=collection_to_write(
+            name=INJECT_COLLECTION, create=current_access().unrestricted, description="Text injected by MCP clients"
+        ),
         source_uri=source_uri,
         text=text,
         metadata=metadata_object(metadata),

@@ -113,6 +113,7 @@ def _store(chunks: list[dict[str, Any]], collection: str) -> StoreResult:
         collection_name=collection,
         chunks=[ChunkInput(c["chunk_index"], c["text"], c.get("metadata") or {}) for c in chunks],
         sources=[c["source_filename"] for c in chunks],
+        create_collection=access.unrestricted,
     )
     # SciRAG promises the embeddings exist when it answers: a retrieve right after finds the chunks.
     searchable = documents_embed_for_writer(documents=[item.document for item in stored])

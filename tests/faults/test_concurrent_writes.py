@@ -84,6 +84,7 @@ def test_batches_of_several_sources_and_writers_of_one_never_deadlock():
             collection_name="multi",
             chunks=[ChunkInput(index, f"Finding {index} of source {source}.") for source in sources],
             sources=sources,
+            create_collection=True,
         )
 
     assert run_at_once(writers, store) == []

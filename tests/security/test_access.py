@@ -7,10 +7,12 @@ loopback (a trusted proxy) with ``X-Forwarded-For`` is served as coming from tha
 """
 
 import json
+import threading
 
 import anyio
 import httpx
 import pytest
+from django.db import connection, connections
 
 from kb.models import ApiToken, Collection, Document
 from kb.services.collections import collection_create, collection_delete
@@ -158,6 +160,27 @@ def test_a_token_whose_collections_are_all_deleted_can_use_none(client):
     assert counts() == before
     token.refresh_from_db()
     assert token.collections_label() == "(none left: its collections were deleted)"
+
+
+def test_a_token_made_while_its_collection_is_deleted_is_made_whole():
+    """The collections were looked up before the token's transaction: one deleted in between broke
+    the token's link to it (IntegrityError, with SQL text, from the admin and kb_token)."""
+    collection_create(name="racing")
+    deleter = threading.Thread(target=lambda: (collection_delete(name="racing", confirm=True), connections.close_all()))
+
+    def delete_meanwhile(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "kb_collection" in sql and deleter.ident is None:
+            deleter.start()
+            deleter.join(timeout=1)  # done at once, or waits for the token
+        return result
+
+    with connection.execute_wrapper(delete_meanwhile):
+        token, _ = token_create(name="racer", scope="read", collections=["racing"])
+    deleter.join(timeout=30)
+    assert not Collection.objects.filter(name="racing").exists()
+    token.refresh_from_db()
+    assert token.limited_to_collections and not token.collections.exists()
 
 
 def test_a_curator_deleting_a_read_tokens_collection_does_not_open_the_others(server_url):

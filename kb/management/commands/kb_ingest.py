@@ -8,9 +8,8 @@ from kb.ingestion.sources import file_path_of, is_local_path_uri
 from kb.management.base import KBCommand, positive_seconds
 from kb.management.progress import Progress
 from kb.models import Collection, Document
-from kb.selectors.collections import collection_get
 from kb.selectors.ingestion import documents_embedding_progress
-from kb.services.collections import collection_get_or_create
+from kb.services.collections import collection_to_write
 from kb.services.ingest import IngestItem, IngestReport, command_line_file_roots, document_ingest
 
 POLL_SECONDS = 0.5
@@ -36,7 +35,7 @@ class Command(KBCommand):
 
     def handle(self, *args: Any, sources: list[str], **options: Any) -> None:
         name = options["collection"]
-        collection = collection_get_or_create(name=name) if options["create"] else collection_get(name=name)
+        collection = collection_to_write(name=name, create=options["create"])
         report = IngestReport(items=self._ingest(collection, sources, options))
         embedding_failures: list[Document] = []
         if options["wait"]:
