@@ -100,6 +100,25 @@ def test_keyword_search_is_exact_bm25_even_when_pruned(db, monkeypatch, budget):
     assert len(above) >= 5 and {chunk for chunk, score in got if score > tenth * (1 + 1e-9)} == above
 
 
+def test_a_query_of_many_common_words_costs_a_few_statements_and_scores_its_heaviest_terms(db, monkeypatch):
+    """A 10,000-character query of 1,200 common words had taken 520 statements (one more term per
+    pruning attempt) and over 500 s of a shared machine; nothing bounded its terms."""
+    monkeypatch.setattr(bm25, "POSTINGS_BUDGET", 1)  # every common term pruned at first
+    collection = collection_create(name="common", chunk_max_tokens=512, chunk_min_tokens=0)
+    vocabulary = [f"word{letter}{other}" for letter in "abcdefghij" for other in "abcdefghij"]  # in every chunk
+    for n in range(40):
+        text = " ".join(vocabulary[n:] + vocabulary[:n]) + f" rare{n}."
+        document_create_from_text(collection=collection, source_uri=f"note://{n}", text=text)
+    query = " ".join(vocabulary) + " rare7"
+    statements: list[str] = []
+    with connection.execute_wrapper(lambda execute, sql, *args: (statements.append(sql), execute(sql, *args))[1]):
+        results = search(query=query, collections=["common"], mode="keyword", top_k=5).results
+    assert len(statements) <= 25 and len(results) == 5
+    monkeypatch.setattr(bm25, "MAX_SCORED_TERMS", 1)  # the heaviest term alone: the rarest
+    results = search(query=query, collections=["common"], mode="keyword", top_k=5).results
+    assert [result.source_uri for result in results] == ["note://7"]
+
+
 def test_bm25_sums_its_postings_in_double_precision(corpus):
     """Numbers bound untyped are numeric in Postgres: summing the postings in numeric arithmetic took
     three times as long as reading them (README, Search speed)."""

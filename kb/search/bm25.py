@@ -15,6 +15,9 @@ from kb.search.filters import Filters
 
 # Postings read in full before the remaining (common) query terms are only looked up.
 POSTINGS_BUDGET = 20000
+# A query's terms that are scored, the heaviest first: a query of 10,000 characters of common words
+# (1,200 terms) would read the postings of every one. CISI's longest query has 117.
+MAX_SCORED_TERMS = 128
 
 
 QUERY_TERMS_SQL = (
@@ -72,6 +75,8 @@ class KeywordQuery:
         # One occurrence in a chunk of average length adds weight / (1 + k1) (see BM25Scorer.score).
         full_match = sum(count * idf[term] for term, count in terms.items()) / (1 + settings.KB_BM25_K1)
         weights = {term: count * idf[term] for term, count in terms.items() if frequencies.get(term)}
+        if len(weights) > MAX_SCORED_TERMS:  # the heaviest: the rarest, whose postings are the shortest
+            weights = dict(sorted(weights.items(), key=lambda item: -item[1])[:MAX_SCORED_TERMS])
         scorer = BM25Scorer(filters, weights, frequencies, avgdl=length_total / chunk_total) if weights else None
         return cls(scorer=scorer, full_match=full_match)
 
@@ -115,7 +120,9 @@ class BM25Scorer:
             result = self._attempt(essential, rest, depth)
             if result is not None:
                 return result
-            essential_count += 1
+            # Twice the terms each time: a query of many common words is settled in a few attempts,
+            # not one per word (1,200 words had taken 520 statements).
+            essential_count *= 2
 
     def _attempt(self, essential: list[str], rest: list[str], depth: int) -> list[tuple[int, float]] | None:
         if not rest:
