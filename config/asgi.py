@@ -6,21 +6,23 @@ transports (``/sse``, ``/messages/``, ``/mcp``, ``/profiles/<name>/...``), to st
 to Django (admin, API, health) for everything else.
 """
 
+import asyncio
 import gc
 import os
+from typing import Any
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # This process embeds the queries (and writers' notes) of many callers at once: each run of the
 # local model takes one core, and runs go side by side up to the number of cores. Two threads per
 # run cost 25% more CPU per query for 2 ms less wall time on an idle machine (README, bench/load.py).
 os.environ.setdefault("KB_ONNX_THREADS", "1")
-django_application = get_asgi_application()
+django.setup(set_prefix=False)
 
-from django.conf import settings  # noqa: E402 - Django must be set up first
+from asgiref.sync import sync_to_async  # noqa: E402 - Django must be set up first
+from django.conf import settings  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
-from django.core.signals import request_finished  # noqa: E402
 from django.db import connections  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Mount  # noqa: E402
@@ -46,15 +48,31 @@ def build_application() -> Starlette:
     return application
 
 
-def close_request_connections(**_: object) -> None:
-    """Django runs each request in a thread of its own under ASGI, so a request's persistent
-    connection (CONN_MAX_AGE) is never used again: when the thread ends, only the cyclic collector
-    would close it. Closed here, as the request finishes, they cannot pile up to Postgres' limit.
-    (The MCP tools keep theirs: their threads live as long as the process, mcp_endpoint.tooling.)"""
-    connections.close_all()
+class TurnTakingHandler(ASGIHandler):
+    """Django's ASGI handler running at most KB_WEB_MAX_REQUESTS views at once; the others wait
+    their turn, in order, after their body was read and holding no database connection.
+
+    Each view runs in a thread of its own that ends with the request, so its persistent connection
+    (CONN_MAX_AGE) would never be used again: it is closed as the view ends, or only the cyclic
+    collector would close it (a client polling the REST API had brought Postgres to "too many
+    clients" within a minute). The MCP tools keep theirs: their threads live as long as the process
+    (mcp_endpoint.tooling)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._turns: asyncio.Semaphore | None = None
+
+    async def run_get_response(self, request: Any) -> Any:
+        if self._turns is None:  # made in the server's event loop
+            self._turns = asyncio.Semaphore(settings.KB_WEB_MAX_REQUESTS)
+        async with self._turns:
+            try:
+                return await super().run_get_response(request)
+            finally:
+                await sync_to_async(connections.close_all)()  # in the view's thread
 
 
-request_finished.connect(close_request_connections, sender=ASGIHandler)
+django_application = TurnTakingHandler()
 application = OneOfEach(build_application())  # every door: the MCP transports and Django
 
 # What is loaded by now lives as long as the process: frozen, the cyclic collector no longer walks

@@ -99,6 +99,11 @@ CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 # A database that does not answer (host down, network cut) fails a request with DATABASE_ERROR
 # after this many seconds instead of hanging it; one that is down refuses at once.
 DATABASE_CONNECT_TIMEOUT = env_int("DATABASE_CONNECT_TIMEOUT", 5, minimum=1)
+# Django requests (REST, admin, health) a web process runs at once, each with a database connection;
+# the others wait their turn, holding none. Unbounded, 110 concurrent searches had reached the
+# embedded server's 100 connections ("too many clients", DATABASE_ERROR). MCP tools have pools of
+# their own (8 readers, 8 writers).
+KB_WEB_MAX_REQUESTS = env_int("KB_WEB_MAX_REQUESTS", 32, minimum=1, maximum=1000)
 
 
 def _postgres_url(name: str, url: str, *, connect_timeout: int = DATABASE_CONNECT_TIMEOUT) -> dict:

@@ -56,3 +56,37 @@ def _other_clients() -> int:
             "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
         )
         return cursor.fetchone()[0]
+
+
+def test_django_runs_at_most_kb_web_max_requests_views_at_once(settings, monkeypatch, transactional_db):
+    """Unbounded, 110 concurrent REST searches had opened more connections than Postgres allows."""
+    import asyncio
+
+    from django.core.handlers.asgi import ASGIHandler
+
+    from config.asgi import TurnTakingHandler
+
+    settings.KB_WEB_MAX_REQUESTS = 2
+    running, most = 0, 0
+    respond = ASGIHandler.run_get_response
+
+    async def counted(self, request):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.05)
+        try:
+            return await respond(self, request)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(ASGIHandler, "run_get_response", counted)
+
+    async def twelve_at_once() -> list[int]:
+        transport = httpx.ASGITransport(app=TurnTakingHandler())
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            responses = await asyncio.gather(*(client.get("/health/live") for _ in range(12)))
+        return [response.status_code for response in responses]
+
+    assert asyncio.run(twelve_at_once()) == [200] * 12
+    assert most == 2
