@@ -332,6 +332,8 @@ MCP_STATELESS_HTTP = env_bool("MCP_STATELESS_HTTP", False)
 MCP_MAX_RESPONSE_CHARS = env_int("MCP_MAX_RESPONSE_CHARS", 40000, minimum=1000)
 # Sessions one caller (a token, or an address without one) may hold open per profile (mcp_endpoint.sessions).
 MCP_MAX_SESSIONS_PER_CALLER = env_int("MCP_MAX_SESSIONS_PER_CALLER", 500, minimum=1)
+# Requests one session may have waiting for their answers (mcp_endpoint.sessions.CallQuota).
+MCP_MAX_CALLS_PER_SESSION = env_int("MCP_MAX_CALLS_PER_SESSION", 16, minimum=1, maximum=10_000)
 # None: required unless the server listens on loopback only (the embedded default).
 KB_REQUIRE_AUTH = env_bool("KB_REQUIRE_AUTH", False) or KB_HOST not in ("127.0.0.1", "localhost", "::1")
 

@@ -74,3 +74,40 @@ class SessionQuota:
             yield
         finally:
             self._streams[caller] -= 1
+
+
+class CallQuota:
+    """How many requests one session may have waiting for their answers (MCP_MAX_CALLS_PER_SESSION).
+
+    The tool threads are shared by every session, and an SSE session is answered on its stream,
+    whose reader may never read: one session had sent 8 slow searches that held every reading
+    thread for two minutes, and 3,000 searches whose answers waited unread, 960 MB. A Streamable
+    HTTP request waits from its POST until the answer is sent; an SSE request from its accepted
+    POST until its answer is written to the stream."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._waiting: Counter[str] = Counter()
+
+    def admits(self, session_id: str) -> bool:
+        return self._waiting[session_id] < self.limit
+
+    def asked(self, session_id: str) -> None:
+        self._waiting[session_id] += 1
+
+    def answered(self, session_id: str) -> None:
+        if self._waiting[session_id] > 1:
+            self._waiting[session_id] -= 1
+        else:
+            self._waiting.pop(session_id, None)
+
+    def forget(self, session_id: str) -> None:
+        self._waiting.pop(session_id, None)
+
+    @contextlib.contextmanager
+    def waiting(self, session_id: str) -> Iterator[None]:
+        self.asked(session_id)
+        try:
+            yield
+        finally:
+            self.answered(session_id)

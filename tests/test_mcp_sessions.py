@@ -2,9 +2,15 @@
 attack helper's one token had opened 10,000 Streamable HTTP sessions and left every other client
 with 503 for the SDK's 30 idle minutes."""
 
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 
+from kb.services.collections import collection_create
+from kb.services.documents import document_create_from_text
 from kb.services.tokens import token_create
 from tests.support.mcp_client import committed_db
 from tests.support.mcp_server import INITIALIZE, STREAMABLE, uvicorn_server
@@ -12,11 +18,13 @@ from tests.support.mcp_server import INITIALIZE, STREAMABLE, uvicorn_server
 pytestmark = [committed_db]
 
 LIMIT = 3
+CALLS = 2
 
 
 @pytest.fixture(scope="module")
 def server_url(django_db_setup, tmp_path_factory):
-    with uvicorn_server(tmp_path_factory.mktemp("uvicorn"), {"MCP_MAX_SESSIONS_PER_CALLER": str(LIMIT)}) as url:
+    limits = {"MCP_MAX_SESSIONS_PER_CALLER": str(LIMIT), "MCP_MAX_CALLS_PER_SESSION": str(CALLS)}
+    with uvicorn_server(tmp_path_factory.mktemp("uvicorn"), limits) as url:
         yield url
 
 
@@ -102,3 +110,58 @@ def test_head_is_not_a_way_around_the_session_limit(server_url):
     with httpx.Client(base_url=server_url, timeout=10, headers={"Authorization": f"Bearer {raw}"}) as client:
         for path in ("/sse", "/mcp", "/messages/"):
             assert client.head(path).status_code == 405, path
+
+
+def slow_call(request_id: int, doc_id: str) -> dict:
+    """A call that waits 3 s: the status of a document no worker embeds (none runs here)."""
+    arguments = {"doc_ids": [doc_id], "wait_seconds": 3}
+    params = {"name": "rag_ingestion_status", "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+def test_an_sse_session_may_have_only_so_many_requests_waiting_for_answers(server_url):
+    """One session's unread answers had grown the web process by 960 MB, and its slow searches had
+    held every reading thread: a session's requests wait for answers MCP_MAX_CALLS_PER_SESSION at most."""
+    pending = document_create_from_text(collection=collection_create(name="waits"), source_uri="n", text="Note.")
+    doc_id = pending.document.pk
+    with httpx.Client(base_url=server_url, timeout=30) as client, client.stream("GET", "/sse") as stream:
+        lines = stream.iter_lines()
+        endpoint = next(line for line in lines if line.startswith("data: "))[len("data: ") :]
+
+        def answered(*request_ids: int) -> None:
+            waiting = set(request_ids)
+            for line in lines:
+                if line.startswith("data: "):
+                    waiting.discard(json.loads(line[len("data: ") :]).get("id"))
+                if not waiting:
+                    return
+
+        assert client.post(endpoint, json=INITIALIZE).status_code == 202
+        answered(1)
+        client.post(endpoint, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert [client.post(endpoint, json=slow_call(n, doc_id)).status_code for n in (2, 3)] == [202, 202]
+        refused = client.post(endpoint, json={"jsonrpc": "2.0", "id": 4, "method": "tools/list"})
+        assert refused.status_code == 429 and "MCP_MAX_CALLS_PER_SESSION" in refused.text
+        notice = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert client.post(endpoint, json=notice).status_code == 202  # a notification waits for nothing
+        answered(2, 3)  # in either order
+        assert client.post(endpoint, json={"jsonrpc": "2.0", "id": 5, "method": "tools/list"}).status_code == 202
+        answered(5)
+
+
+def test_a_streamable_http_session_may_have_only_so_many_requests_waiting(server_url):
+    pending = document_create_from_text(collection=collection_create(name="slow"), source_uri="n", text="Note.")
+    with httpx.Client(base_url=server_url, timeout=30, headers=STREAMABLE) as client:
+        session = {"Mcp-Session-Id": opened(client).headers["mcp-session-id"]}
+        client.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+        with ThreadPoolExecutor(CALLS) as pool:
+            slow = [
+                pool.submit(client.post, "/mcp", json=slow_call(n, pending.document.pk), headers=session)
+                for n in (2, 3)
+            ]
+            time.sleep(1)  # both are being served
+            refused = client.post("/mcp", json={"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, headers=session)
+            assert refused.status_code == 429 and "MCP_MAX_CALLS_PER_SESSION" in refused.text
+            assert [future.result().status_code for future in slow] == [200, 200]
+        answer = client.post("/mcp", json={"jsonrpc": "2.0", "id": 5, "method": "tools/list"}, headers=session)
+        assert answer.status_code == 200
