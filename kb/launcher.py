@@ -151,6 +151,12 @@ class Launcher:
 
     def _announce(self) -> None:
         base = f"http://{self.host}:{self.port}"
+        if self.host not in ("127.0.0.1", "localhost", "::1") and os.environ.get("DJANGO_ALLOWED_HOSTS") is None:
+            self.say(
+                f"Listening on {self.host}, but DJANGO_ALLOWED_HOSTS is left at {','.join(settings.ALLOWED_HOSTS)}: "
+                "requests naming this machine by another name or address are refused (400). "
+                "Set DJANGO_ALLOWED_HOSTS to the names clients use."
+            )
         self.say(
             f"\nKnowledge base running on {base}\n"
             f"  admin:  {base}/admin/\n  API:    {base}/api/docs\n  MCP:    {base}/sse  and  {base}/mcp\n"

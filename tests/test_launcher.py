@@ -11,6 +11,7 @@ import urllib.request
 import psutil
 import pytest
 
+from kb.launcher import Launcher
 from tests.conftest import ChildProcess, free_port, wait_for
 
 
@@ -119,3 +120,14 @@ def test_a_bad_setting_stops_start_up_with_one_line_naming_it(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "Configuration error: KB_SEMANTIC_WEIGHT='nan' is not a finite number"
     ]
+
+
+def test_listening_beyond_loopback_with_the_default_allowed_hosts_says_what_to_set(monkeypatch):
+    """Started on 0.0.0.0 alone, every request from another machine got a 400 that did not say why."""
+    monkeypatch.delenv("DJANGO_ALLOWED_HOSTS", raising=False)
+    said: list[str] = []
+    Launcher(host="0.0.0.0", port=8001, say=said.append)._announce()
+    assert "DJANGO_ALLOWED_HOSTS" in said[0]
+    said.clear()
+    Launcher(host="127.0.0.1", port=8001, say=said.append)._announce()
+    assert "DJANGO_ALLOWED_HOSTS" not in "".join(said)

@@ -22,6 +22,9 @@ from tests.support.services import missing_on_this_machine, service_url
         (lambda: env.env_float("KB_X", 1.0, maximum=1.0), "1.2", "above the maximum"),
         (lambda: env.env_float("KB_X", 1.0), "1,2", "not a number"),
         (lambda: env.env_choice("KB_X", "a", ["a", "b"]), "c", "must be one of"),
+        (lambda: env.env_nonempty_list("KB_X", ["a"]), " , ", "names nothing"),
+        (lambda: env.env_time_zone("KB_X", "UTC"), "Mars/Base", "not a time zone"),
+        (lambda: env.env_url_scheme("KB_X", "redis://", ["redis"]), "ftp://x", "must start with one of"),
     ],
 )
 def test_bad_values_fail_loudly_naming_the_variable(monkeypatch, reader, value, message):
@@ -48,6 +51,23 @@ def test_a_database_url_that_is_not_postgres_is_refused():
     result = manage("check", DATABASE_URL="mysql://root@127.0.0.1/test")
     assert result.returncode != 0
     assert "DATABASE_URL must point to PostgreSQL" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("LOG_LEVEL", "LOUD"),
+        ("DJANGO_TIME_ZONE", "Mars/Base"),
+        ("KB_VAR_DIR", "/proc/no/such/folder"),
+        ("CELERY_BROKER_URL", "ftp://x"),
+        ("DJANGO_ALLOWED_HOSTS", ""),
+    ],
+)
+def test_a_bad_setting_stops_start_up_with_one_line_naming_it(variable, value):
+    """These had ended in a traceback, or passed the check and failed later without naming the variable."""
+    result = manage("check", **{variable: value})
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"{variable}=" in result.stderr or f"{variable} is set" in result.stderr
 
 
 def test_a_replica_url_that_is_not_postgres_is_refused():
