@@ -1,16 +1,18 @@
 """``kb``: the management commands as one program, for an installed package (``pip install .``,
-``pipx install .``, ``uvx --from . kb``), where there is no ``manage.py`` to call.
-
-    kb run                       the whole system on 127.0.0.1:8001 (manage.py kb_run)
-    kb mcp-stdio [--profile P]   an MCP server on stdin/stdout, for desktop clients
-    kb ingest|search|stats|collections|delete|reembed|sync|token ...
-    kb manage COMMAND ...        any other Django command (migrate, createsuperuser, check ...)
-
-Each is a thin wrapper: ``kb search "lift"`` is ``manage.py kb_search "lift"``.
-"""
+``pipx install .``, ``uvx --from . kb``), where there is no ``manage.py`` to call (USAGE)."""
 
 import os
 import sys
+
+USAGE = """kb: the knowledge base's commands
+
+  kb run                       the whole system on 127.0.0.1:8001 (KB_HOST, KB_PORT to change it)
+  kb mcp-stdio [--profile P]   an MCP server on stdin/stdout, for desktop clients
+  kb ingest|search|stats|collections|delete|reembed|sync|token ...
+  kb manage COMMAND ...        any other Django command (migrate, createsuperuser, check ...)
+
+Each is manage.py's command of that name: kb search "lift" is manage.py kb_search "lift".
+kb COMMAND --help tells more. Data is kept in ~/.local/share/kb (KB_VAR_DIR to choose)."""
 
 COMMANDS = {
     "run": "kb_run",
@@ -27,9 +29,16 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
+    try:
+        _main(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:  # `kb help | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        sys.exit(1)
+
+
+def _main(args: list[str]) -> None:
     if not args or args[0] in ("-h", "--help", "help"):
-        print(__doc__.strip())
+        print(USAGE)
         return
     name, *rest = args
     if name == "manage":

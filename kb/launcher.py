@@ -49,6 +49,7 @@ class Launcher:
     commands: dict[str, list[str]] = field(default_factory=dict)
     started_at: dict[str, float] = field(default_factory=dict)
     owns_database: bool = False
+    first_login: str = ""
     stopping: bool = False
 
     def run(self) -> int:
@@ -116,6 +117,10 @@ class Launcher:
             return
         password = secrets.token_urlsafe(12)
         users.objects.create_superuser("admin", os.environ.get("DJANGO_SUPERUSER_EMAIL", ""), password)
+        # Said again once everything runs: the workers' start-up logs would scroll it away.
+        self.first_login = (
+            f"  login:  admin / {password} (the first superuser: shown only now; change it in the admin)\n"
+        )
         self.say("Created the first superuser. It is shown only this once; change it in the admin:")
         self.say(f"    username: admin\n    password: {password}")
 
@@ -160,7 +165,7 @@ class Launcher:
         self.say(
             f"\nKnowledge base running on {base}\n"
             f"  admin:  {base}/admin/\n  API:    {base}/api/docs\n  MCP:    {base}/sse  and  {base}/mcp\n"
-            f"  health: {base}/health\nPress Ctrl-C to stop everything.\n"
+            f"  health: {base}/health\n{self.first_login}Press Ctrl-C to stop everything.\n"
         )
 
     def _supervise(self) -> int:

@@ -13,6 +13,7 @@ from uuid import UUID
 from django.conf import settings
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -198,31 +199,36 @@ def _sse_session(scope: Scope) -> str | None:
         return None  # the SDK refuses it
 
 
-async def _whole_body(receive: Receive) -> tuple[bytes, Receive]:
-    """The request's body (the SDK reads the whole of it too), and a receive that gives it again."""
+async def _whole_body(receive: Receive) -> tuple[bytes | None, Receive]:
+    """The request's body, and a receive that gives it again; None past the SDK's size limit, whose
+    413 it then answers, having read the rest itself (only that much is kept here)."""
     chunks: list[bytes] = []
-    while True:
+    size = 0
+    more = True
+    while more and size <= DEFAULT_MAX_REQUEST_BODY_SIZE:
         message = await receive()
         if message["type"] != "http.request":
-            return b"", receive  # the client went away
+            return None, receive  # the client went away
         chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
+        size += len(chunks[-1])
+        more = message.get("more_body", False)
     body = b"".join(chunks)
-    sent = False
+    replayed = False
 
     async def replay() -> Message:
-        nonlocal sent
-        if sent:
+        nonlocal replayed
+        if replayed:
             return await receive()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": more}
 
-    return body, replay
+    return (None if more else body), replay
 
 
-def _is_request(body: bytes) -> bool:
+def _is_request(body: bytes | None) -> bool:
     """Whether a JSON-RPC message asks for an answer (a notification or a response does not)."""
+    if body is None:
+        return False
     try:
         message = json.loads(body)
     except ValueError:

@@ -42,7 +42,7 @@ def library():
 def test_the_help_of_each_command_explains_it_with_an_example(name):
     command = load_command_class("kb", name)
     text = command.create_parser("manage.py", name).format_help()
-    assert "Example" in text
+    assert "\nExample" in text  # on a line of its own, as written
     assert f"python manage.py {name} " in command.help
 
 
@@ -73,6 +73,14 @@ def test_kb_search_json_is_the_apis_search_response(library, client):
         "/api/search", {"query": "Backoff delay", "mode": "keyword"}, content_type="application/json"
     ).json()
     assert body == api
+
+
+def test_kb_search_json_answers_an_error_with_the_apis_error_body(library, client):
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="COLLECTION_NOT_FOUND"):
+        call_command("kb_search", "x", "--collection", "nope", "--json", stdout=out)
+    api = client.post("/api/search", {"query": "x", "collections": ["nope"]}, content_type="application/json")
+    assert json.loads(out.getvalue()) == api.json()
 
 
 def test_kb_search_errors_exit_non_zero(library):

@@ -57,3 +57,15 @@ def test_python_m_kb_cli_runs_the_kb_command(tmp_path):
         [sys.executable, "-m", "kb.cli", "bogus"], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60
     )
     assert unknown.returncode != 0 and "kb: unknown command 'bogus'" in unknown.stderr
+
+
+def test_kb_help_is_plain_text_and_a_reader_that_stops_early_gets_no_traceback():
+    gone = subprocess.run(  # `true` reads nothing and is gone before kb writes
+        f"{sys.executable} -m kb.cli help | true", shell=True, cwd=ROOT, env=child_env(),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "Traceback" not in gone.stderr
+    usage = subprocess.run(
+        [sys.executable, "-m", "kb.cli", "help"], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60
+    ).stdout
+    assert "KB_PORT" in usage and "``" not in usage

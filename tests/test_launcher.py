@@ -131,3 +131,17 @@ def test_listening_beyond_loopback_with_the_default_allowed_hosts_says_what_to_s
     said.clear()
     Launcher(host="127.0.0.1", port=8001, say=said.append)._announce()
     assert "DJANGO_ALLOWED_HOSTS" not in "".join(said)
+
+
+@pytest.mark.django_db
+def test_a_generated_first_password_is_said_again_once_everything_runs(monkeypatch):
+    """It had scrolled away under the workers' start-up logs."""
+    monkeypatch.delenv("DJANGO_SUPERUSER_USERNAME", raising=False)
+    monkeypatch.delenv("DJANGO_SUPERUSER_PASSWORD", raising=False)
+    said: list[str] = []
+    launcher = Launcher(host="127.0.0.1", port=8001, say=said.append)
+    launcher._ensure_superuser()
+    password = said[-1].split("password: ")[1]
+    said.clear()
+    launcher._announce()
+    assert f"admin / {password}" in said[-1]

@@ -8,7 +8,7 @@ from unittest.mock import ANY
 import pytest
 
 from kb.access import Access
-from kb.models import Collection, Document
+from kb.models import Chunk, Collection, Document
 from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
@@ -34,6 +34,7 @@ SCIRAG = build_server("scirag", read_only=False)
 HYBRID = build_server("hybrid", read_only=False)
 SYNTHESIS = build_server("synthesis", read_only=False)
 RAGMCPSERVER = build_server("ragmcpserver", read_only=False)
+CANONICAL = build_server("canonical", read_only=False)
 
 ENZYMES = "Enzyme activity rises with pH up to an optimum, then falls as the active site denatures."
 TEMPERATURE = "Reaction rates roughly double for every ten degrees of temperature increase."
@@ -445,3 +446,22 @@ def test_a_token_limited_to_a_collection_never_creates_it_by_writing():
     assert call_ok(
         SCIRAG, "store_document_chunks", {"chunks": paper_chunks(), "collection": "papers"}, access=unlimited
     )["success"]
+
+
+def test_a_batch_giving_one_chunk_index_twice_is_refused_whole():
+    """The last text had won and both had been counted stored."""
+    twice = [*paper_chunks(), {"text": "Another text.", "source_filename": "paper.pdf", "chunk_index": 1}]
+    stored = call_ok(SCIRAG, "store_document_chunks", {"chunks": twice})
+    assert (stored["success"], stored["chunks_stored"]) == (False, 0)
+    assert "Chunk index 1 is given twice for paper.pdf" in stored["message"]
+    assert not Chunk.objects.exists()
+
+
+def test_the_neighbours_of_any_stored_chunk_index_can_be_read():
+    """A caller's chunk could be stored at index 2**31 - 1 but its neighbours were refused beyond 10**9."""
+    last = {"text": "The last chunk.", "source_filename": "far.pdf", "chunk_index": 2**31 - 1}
+    first = {"text": "The first chunk.", "source_filename": "far.pdf", "chunk_index": 0}
+    assert call_ok(SCIRAG, "store_document_chunks", {"chunks": [first, last]})["success"]
+    doc_id = Document.objects.get(source_uri="far.pdf").pk
+    around = call_ok(CANONICAL, "rag_read_neighbors", {"doc_id": doc_id, "chunk_index": 2**31 - 1, "before": 1})
+    assert [chunk["index"] for chunk in around["chunks"]] == [0, 2**31 - 1]

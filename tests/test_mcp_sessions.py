@@ -165,3 +165,24 @@ def test_a_streamable_http_session_may_have_only_so_many_requests_waiting(server
             assert [future.result().status_code for future in slow] == [200, 200]
         answer = client.post("/mcp", json={"jsonrpc": "2.0", "id": 5, "method": "tools/list"}, headers=session)
         assert answer.status_code == 200
+
+
+def test_an_oversized_message_is_refused_by_the_sdk_without_being_held_whole(server_url):
+    """The guard reads a message to count it: past the SDK's 4 MiB it keeps no more of it."""
+    import psutil
+
+    port = int(server_url.rsplit(":", 1)[1])
+    server = next(
+        psutil.Process(c.pid) for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN"
+    )
+
+    def body(chunks: int = 256):  # 256 MiB, streamed
+        for _ in range(chunks):
+            yield b" " * (1 << 20)
+
+    with httpx.Client(base_url=server_url, timeout=60, headers=STREAMABLE) as client:
+        session = {"Mcp-Session-Id": opened(client).headers["mcp-session-id"]}
+        before = server.memory_info().rss
+        refused = client.post("/mcp", content=body(), headers={**session, "Content-Type": "application/json"})
+        assert refused.status_code == 413
+        assert server.memory_info().rss - before < 64 << 20

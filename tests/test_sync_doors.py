@@ -4,6 +4,7 @@ an agent's whole story over a real socket with a real worker, the kb_sync comman
 import io
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from django.urls import reverse
 
 from kb.access import Access
 from kb.models import Document, Source, SourceItem, SyncRun
+from kb.selectors.sources import SyncRunOut
 from kb.services.collections import collection_create
 from kb.services.sources import source_create, sync_execute, sync_start
 from kb.services.tokens import token_create
@@ -658,6 +660,19 @@ def test_kb_sync_run_gives_up_when_no_worker_takes_the_run(handbook):
     for wait in ("-1", "0", "nan", "inf", "soon"):  # a wait that gives up before looking is refused
         with pytest.raises(CommandError, match="--timeout"):
             kb_sync("run", "handbook", "--timeout", wait)
+
+
+@pytest.mark.django_db
+def test_kb_sync_says_why_a_run_failed(handbook):
+    """A failed run had said "failed with 0 failed item(s)"."""
+    from kb.management.commands.kb_sync import Command
+
+    source = make_source("docs", handbook)
+    shutil.rmtree(handbook)
+    run = run_now(sync_start(source=source).run.pk)
+    with pytest.raises(CommandError) as failed:
+        Command(stdout=io.StringIO())._report(SyncRunOut.of(run), json=False)
+    assert str(failed.value) == f"the sync of handbook failed: {run.error}" and "nothing was removed" in run.error
 
 
 @committed_db

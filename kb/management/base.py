@@ -1,7 +1,8 @@
 """What the knowledge base's management commands share: error reporting and output formats.
 
 A KBError becomes ``CommandError: CODE: message`` and exit status 1; ``--json`` output is the
-same JSON the REST API answers (kb.api.schemas), so scripts can switch between the two.
+same JSON the REST API answers (kb.api.schemas), errors too (``{"error": {"code", "message"}}``
+on stdout), so scripts can switch between the two.
 """
 
 import argparse
@@ -11,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser, DjangoHelpFormatter
 from pydantic import BaseModel
 
 from kb.errors import KBError
@@ -34,6 +35,10 @@ class Printable:
         return getattr(self._stream, name)
 
 
+class HelpFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Django's order of options, with the description's lines (its examples) kept as written."""
+
+
 class KBCommand(BaseCommand):
     """Output goes through ``Printable`` (stdout; progress bars draw on stderr)."""
 
@@ -46,7 +51,14 @@ class KBCommand(BaseCommand):
         try:
             return super().execute(*args, **options)
         except KBError as error:
+            if options.get("json"):  # a script reading the output gets the REST API's error body
+                self.write_json(error.as_dict())
             raise CommandError(f"{error.code}: {error.message}") from error
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.formatter_class = HelpFormatter
+        return parser
 
     def write_json(self, data: BaseModel | dict[str, Any] | list[Any]) -> None:
         payload = data.model_dump(mode="json") if isinstance(data, BaseModel) else data

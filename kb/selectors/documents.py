@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 from django.db.models import QuerySet
 
 from kb.errors import ErrorCode, KBError
-from kb.models import Chunk, Collection, Document, DocumentStatus
+from kb.models import MAX_CHUNK_INDEX, Chunk, Collection, Document, DocumentStatus
 from kb.replicas import read_snapshot, reads_from_replica
 
 if TYPE_CHECKING:  # kb.access reads documents through this module
@@ -73,8 +73,8 @@ def chunk_neighbors(*, document: Document, chunk_index: int, before: int = 1, af
     for name, count in (("before", before), ("after", after)):
         if not 0 <= count <= MAX_NEIGHBORS:
             raise KBError(ErrorCode.INVALID_ARGUMENT, f"{name} must be between 0 and {MAX_NEIGHBORS}")
-    if not 0 <= chunk_index <= MAX_OFFSET:
-        raise KBError(ErrorCode.INVALID_ARGUMENT, f"chunk_index must be between 0 and {MAX_OFFSET}")
+    if not 0 <= chunk_index <= MAX_CHUNK_INDEX:  # as stored (a caller's chunks may use any of them)
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"chunk_index must be between 0 and {MAX_CHUNK_INDEX}")
     with read_snapshot():  # the chunk and its neighbours from one version of the document
         ordered = document_chunks(document=document)
         hit = ordered.filter(index=chunk_index).first()

@@ -6,6 +6,7 @@ request; embedded later by the Celery worker.
 """
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -304,6 +305,10 @@ def document_store_chunks(
     or at the same time: each batch merges into what the one before it stored)."""
     if not chunks:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "No chunks to store")
+    indices = Counter(chunk.index for chunk in chunks)
+    if repeated := [index for index, count in indices.items() if count > 1]:
+        # Which text would stand for it is not for us to guess (the last had won, both counted stored).
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk index {repeated[0]} is given twice for {source_uri}")
     for chunk in chunks:
         if not chunk.text.strip():
             raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk {chunk.index} has no text")

@@ -164,8 +164,10 @@ class Command(KBCommand):
             self.stdout.write(f"Sync of {run.source} {run.status}{took}: {run.summary}")
             for failure in run.failures:
                 self.stdout.write(f"  failed: {failure.uri}: {failure.code}: {failure.message}")
-        if fail and (run.status == "failed" or run.failed):
-            raise CommandError(f"sync of {run.source} {run.status} with {run.failed} failed item(s)", returncode=1)
+        if fail and run.status == "failed":
+            raise CommandError(f"the sync of {run.source} failed: {run.error}", returncode=1)
+        if fail and run.failed:
+            raise CommandError(f"the sync of {run.source} finished with {run.failed} failed item(s)", returncode=1)
 
     def _remove(self, name: str, **options: Any) -> None:
         source_delete(source=source_get(name=name))
