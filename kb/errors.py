@@ -65,12 +65,15 @@ class KBError(Exception):
         return f"{self.code}: {self.message}"
 
 
+NUL_IN_TEXT = "Text values cannot contain NUL (0x00) characters"
+
+
 def database_error(exc: BaseException) -> KBError:
     """What a caller is told of a database failure: its SQLSTATE at most. The driver's message
     may name the server's socket path, tables or values; the log keeps it. A NUL character in a
     value (an id, a name) is the caller's error, whichever door let it through to the driver."""
     if _is_nul_in_text(exc):
-        return KBError(ErrorCode.INVALID_ARGUMENT, "Text values cannot contain NUL (0x00) characters")
+        return KBError(ErrorCode.INVALID_ARGUMENT, NUL_IN_TEXT)
     sqlstate = getattr(exc.__cause__, "sqlstate", None) or getattr(exc, "sqlstate", None)
     detail = f" (SQLSTATE {sqlstate})" if sqlstate else ""
     return KBError(ErrorCode.DATABASE_ERROR, f"The database failed{detail}; the server log has the details")

@@ -46,7 +46,7 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
     if not request.path_info.startswith("/api/"):
         return defaults.bad_request(request, exception)
     if isinstance(exception, DisallowedHost):  # Django's text advises which host to allow: the log's
-        reason = ": its Host header names no host this server answers to (DJANGO_ALLOWED_HOSTS)"
+        reason = ": its Host header names no host this server answers to"
     else:
         reason = f": {exception}" if exception and str(exception) else ""
     error = KBError(ErrorCode.INVALID_ARGUMENT, f"The request could not be read{reason}")

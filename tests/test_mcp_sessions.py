@@ -151,7 +151,10 @@ def test_an_sse_session_may_have_only_so_many_requests_waiting_for_answers(serve
 
 def test_a_streamable_http_session_may_have_only_so_many_requests_waiting(server_url):
     pending = document_create_from_text(collection=collection_create(name="slow"), source_uri="n", text="Note.")
-    with httpx.Client(base_url=server_url, timeout=30, headers=STREAMABLE) as client:
+    _, raw = token_create(name="patient", scope="read")  # a caller of its own: the address's sessions are counted
+    with httpx.Client(
+        base_url=server_url, timeout=30, headers={**STREAMABLE, "Authorization": f"Bearer {raw}"}
+    ) as client:
         session = {"Mcp-Session-Id": opened(client).headers["mcp-session-id"]}
         client.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
         with ThreadPoolExecutor(CALLS) as pool:
@@ -180,7 +183,9 @@ def test_an_oversized_message_is_refused_by_the_sdk_without_being_held_whole(ser
         for _ in range(chunks):
             yield b" " * (1 << 20)
 
-    with httpx.Client(base_url=server_url, timeout=60, headers=STREAMABLE) as client:
+    _, raw = token_create(name="large", scope="read")  # a caller of its own: the address's sessions are used up
+    token = {"Authorization": f"Bearer {raw}"}
+    with httpx.Client(base_url=server_url, timeout=60, headers={**STREAMABLE, **token}) as client:
         session = {"Mcp-Session-Id": opened(client).headers["mcp-session-id"]}
         before = server.memory_info().rss
         refused = client.post("/mcp", content=body(), headers={**session, "Content-Type": "application/json"})

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from django.db.models import QuerySet
 
-from kb.errors import ErrorCode, KBError
+from kb.errors import NUL_IN_TEXT, ErrorCode, KBError
 from kb.models import MAX_CHUNK_INDEX, Chunk, Collection, Document, DocumentStatus
 from kb.replicas import read_snapshot, reads_from_replica
 
@@ -19,6 +19,8 @@ DOCUMENT_ID_FORM = re.compile(r"[0-9A-Za-z]{26}")
 def document_get(*, doc_id: str) -> Document:
     """The document of ``doc_id`` in any case; a malformed id is not found either, at every door."""
     if not DOCUMENT_ID_FORM.fullmatch(doc_id):
+        if "\x00" in doc_id:  # as wherever a NUL reaches the database: the caller's to fix
+            raise KBError(ErrorCode.INVALID_ARGUMENT, NUL_IN_TEXT)
         raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, "Document not found: a document id is 26 letters and digits")
     try:
         return Document.objects.select_related("collection").get(pk=doc_id)
