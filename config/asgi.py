@@ -48,6 +48,9 @@ def build_application() -> Starlette:
     return application
 
 
+LIVENESS_PATH = "/health/live"
+
+
 class TurnTakingHandler(ASGIHandler):
     """Django's ASGI handler running at most KB_WEB_MAX_REQUESTS views at once; the others wait
     their turn, in order, after their body was read and holding no database connection.
@@ -63,6 +66,8 @@ class TurnTakingHandler(ASGIHandler):
         self._turns: asyncio.Semaphore | None = None
 
     async def run_get_response(self, request: Any) -> Any:
+        if request.path_info == LIVENESS_PATH:  # no database: a container's health check never waits its turn
+            return await super().run_get_response(request)
         if self._turns is None:  # made in the server's event loop
             self._turns = asyncio.Semaphore(settings.KB_WEB_MAX_REQUESTS)
         async with self._turns:
