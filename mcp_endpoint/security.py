@@ -231,7 +231,7 @@ def _is_request(body: bytes | None) -> bool:
         return False
     try:
         message = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # malformed, or nested past the parser: the SDK answers it
         return False
     return isinstance(message, dict) and "method" in message and "id" in message
 

@@ -191,3 +191,19 @@ def test_an_oversized_message_is_refused_by_the_sdk_without_being_held_whole(ser
         refused = client.post("/mcp", content=body(), headers={**session, "Content-Type": "application/json"})
         assert refused.status_code == 413
         assert server.memory_info().rss - before < 64 << 20
+
+
+def test_a_message_nested_past_the_parser_gets_the_sdk_s_parse_error_not_a_crash(server_url):
+    """The guard parses a session's messages to count requests: 100,000 open brackets had raised
+    RecursionError in it, where the SDK answers -32700."""
+    _, raw = token_create(name="nested", scope="read")
+    with httpx.Client(
+        base_url=server_url, timeout=30, headers={**STREAMABLE, "Authorization": f"Bearer {raw}"}
+    ) as client:
+        session = {"Mcp-Session-Id": opened(client).headers["mcp-session-id"], "Content-Type": "application/json"}
+        nested = client.post("/mcp", content=b"[" * 100_000, headers=session)
+        assert nested.status_code == 400 and nested.json()["error"]["code"] == -32700
+    with httpx.Client(base_url=server_url, timeout=30) as client, client.stream("GET", "/sse") as stream:
+        endpoint = next(line for line in stream.iter_lines() if line.startswith("data: "))[len("data: ") :]
+        nested = client.post(endpoint, content=b"[" * 100_000, headers={"Content-Type": "application/json"})
+        assert nested.status_code == 400
