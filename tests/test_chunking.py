@@ -187,9 +187,9 @@ def test_a_markdown_title_is_its_first_level_one_heading(text):
 
 def test_only_a_docx_heading_style_makes_a_heading():
     body = ["# typed like a heading", "```", "- typed like a list", "Plain text after them."]
-    data = make_docx(title="Manual", heading="Chapter one", paragraphs=body)
+    data = make_docx(title="Manual", heading="1. Chapter one", paragraphs=body)
     parsed = parse(data, content_type="docx", filename="manual.docx")
-    assert [heading.title for heading in markdown_headings(parsed.text)] == ["Manual", "Chapter one"]
+    assert [heading.title for heading in markdown_headings(parsed.text)] == ["Manual", "1. Chapter one"]
     assert "\\# typed like a heading" in parsed.text and "Plain text after them." in parsed.text
 
 

@@ -346,15 +346,18 @@ class _Body(_PartHandler):
 
 
 def _paragraph_markdown(style: str, text: str) -> str:
-    text = _literal(text)
-    if style == "Title":
-        return f"# {text}"
     heading = _HEADING_STYLE.match(style)
-    if heading:
-        return f"{'#' * min(int(heading.group(1)) + 1, 6)} {text}"
-    if style.startswith("List"):
-        return f"- {text}"
-    return text
+    if style == "Title":
+        prefix = "# "
+    elif heading:
+        prefix = "#" * min(int(heading.group(1)) + 1, 6) + " "
+    elif style.startswith("List"):
+        prefix = "- "
+    else:
+        return _literal(text)
+    # After its marker the first line is the heading's or item's own text ("1. Introduction" stays so).
+    first, newline, rest = text.partition("\n")
+    return prefix + first + newline + _literal(rest)
 
 
 def _literal(text: str) -> str:
