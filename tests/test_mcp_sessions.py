@@ -206,4 +206,4 @@ def test_a_message_nested_past_the_parser_gets_the_sdk_s_parse_error_not_a_crash
     with httpx.Client(base_url=server_url, timeout=30) as client, client.stream("GET", "/sse") as stream:
         endpoint = next(line for line in stream.iter_lines() if line.startswith("data: "))[len("data: ") :]
         nested = client.post(endpoint, content=b"[" * 100_000, headers={"Content-Type": "application/json"})
-        assert nested.status_code == 400
+        assert 400 <= nested.status_code < 500, nested.text  # the SDK's refusal (a crash in the guard was a 500)
