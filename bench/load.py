@@ -22,7 +22,8 @@ load (after seeding and a warm-up search and ingest), every 5 s during it, at it
 `--idle` seconds without calls; the workers' RSS is shown for information. CPU seconds used by
 the web process, the workers, this load generator and the whole machine (2 cores here, shared
 with Postgres and anything else running) tell whether the load generator or something else was
-the limit.
+the limit. Before the load it waits (up to 5 minutes) until the machine is nearly idle, so that
+what an earlier run left behind (a worker still embedding notes) does not count against this one.
 
 `--soak 600` repeats the load in rounds of `--seconds` (new sessions each round) for that long and
 prints the RSS after each round, so one can see whether it keeps growing or stays flat.
@@ -68,6 +69,7 @@ UPLOAD_BATCH = 100  # DATA_UPLOAD_MAX_NUMBER_FILES
 SAMPLE_SECONDS = 5.0
 CALL_TIMEOUT_SECONDS = 120.0
 MB = 1024 * 1024
+QUIET_CORES = 0.15
 
 
 @dataclass
@@ -195,7 +197,9 @@ class System:
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:
     """CPU used so far by these processes and, for a parent such as the postmaster, by its children
-    that have ended (the live ones are listed among the processes themselves)."""
+    that have ended (the live ones are listed among the processes themselves). Between two readings,
+    list the processes again: Postgres starts a backend for a new connection, whose CPU the first
+    list would miss, and one that ended since has moved into its parent's figure, whole."""
     total = 0.0
     for process in processes:
         with suppress(psutil.Error):
@@ -216,6 +220,19 @@ def postgres_processes(var_dir: Path) -> list[psutil.Process]:
 def machine_busy_seconds() -> float:
     times = psutil.cpu_times()
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def wait_until_quiet(most_seconds: float = 300.0) -> float:
+    """Wait until the machine has been nearly idle for 3 s (at most ``most_seconds``), so that
+    work left by an earlier run (another build's worker still embedding its notes) is not counted
+    against this one; the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < most_seconds:
+        busy = machine_busy_seconds()
+        time.sleep(3.0)
+        if (machine_busy_seconds() - busy) / 3.0 < QUIET_CORES:
+            break
+    return time.monotonic() - started
 
 
 def seed_collection(api: httpx.Client, corpus: list[dict]) -> None:
@@ -420,14 +437,16 @@ def main() -> None:
         samples.append(system.sample("before load"))
         rounds = max(1, math.ceil(args.soak / args.seconds)) if args.soak else 1
         web, me = system.web(), psutil.Process()
-        processes = {
-            "web": [web] if web else [],
-            "workers": system.workers(),
-            "Postgres": postgres_processes(system.var_dir),
-            "load generator": [me],
+        processes = {  # listed again at the end (cpu_seconds)
+            "web": lambda: [web] if web else [],
+            "workers": system.workers,
+            "Postgres": lambda: postgres_processes(system.var_dir),
+            "load generator": lambda: [me],
         }
-        cpu_before = {name: cpu_seconds(group) for name, group in processes.items()}
+        waited = wait_until_quiet()
+        cpu_before = {name: cpu_seconds(listed()) for name, listed in processes.items()}
         busy_before = machine_busy_seconds()
+        print(f"waited {waited:.0f} s for the machine to be quiet (under {QUIET_CORES} cores busy for 3 s)")
         print(f"load average before the load: {' '.join(f'{value:.2f}' for value in os.getloadavg())}")
         print(
             f"\n{args.clients} clients ({(args.clients + 1) // 2} Streamable HTTP, {args.clients // 2} SSE), "
@@ -467,7 +486,7 @@ def main() -> None:
                 f"p99 {percentile(ms, 0.99):6.0f} ms  web RSS {mb(end.rss):>7} (peak {mb(max(s.rss for s in [*during, end]))})"
                 f"  threads {end.threads}"
             )
-        cpu = {name: cpu_seconds(group) - cpu_before[name] for name, group in processes.items()}
+        cpu = {name: cpu_seconds(listed()) - cpu_before[name] for name, listed in processes.items()}
         busy = machine_busy_seconds() - busy_before
         time.sleep(args.idle)
         samples.append(system.sample(f"after {args.idle:.0f} s idle"))
