@@ -32,20 +32,30 @@ SINGLE_HEADERS = frozenset({b"authorization", b"origin", b"host", b"sec-fetch-si
 
 
 class OneOfEach:
-    """Refuse a request that gives an access header twice (400), at every door."""
+    """Refuse a request that gives an access header twice, or an X-Forwarded-For with an empty
+    entry (400), at every door."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            names = [name.lower() for name, _ in scope["headers"] if name.lower() in SINGLE_HEADERS]
-            if len(names) != len(set(names)):
-                repeated = sorted({name.decode() for name in names if names.count(name) > 1})
-                message = f"The request gives the {', '.join(repeated)} header more than once"
-                await refuse(scope, receive, send, KBError(ErrorCode.INVALID_ARGUMENT, message), 400)
-                return
+        if scope["type"] == "http" and (message := _ambiguous(scope["headers"])):
+            await refuse(scope, receive, send, KBError(ErrorCode.INVALID_ARGUMENT, message), 400)
+            return
         await self.app(scope, receive, send)
+
+
+def _ambiguous(headers: list[tuple[bytes, bytes]]) -> str | None:
+    names = [name.lower() for name, _ in headers if name.lower() in SINGLE_HEADERS]
+    if len(names) != len(set(names)):
+        repeated = sorted({name.decode() for name in names if names.count(name) > 1})
+        return f"The request gives the {', '.join(repeated)} header more than once"
+    # uvicorn skips an empty entry and keeps the proxy's own address: "X-Forwarded-For: 8.8.8.8,"
+    # from a proxy on the same host had looked local, and local callers need no token.
+    forwarded = [value for name, value in headers if name.lower() == b"x-forwarded-for"]
+    if any(not entry.strip() for value in forwarded for entry in value.split(b",")):
+        return "The X-Forwarded-For header has an empty entry"
+    return None
 
 
 class _BodyTooLarge(Exception):

@@ -222,6 +222,18 @@ def test_a_tokenless_client_elsewhere_cannot_create_collections_over_either_door
     assert counts() == before
 
 
+@pytest.mark.parametrize("forwarded", ["203.0.113.7,", "", "203.0.113.7, ,127.0.0.1"])
+@pytest.mark.parametrize("path", ["/api/stats", "/mcp", "/sse"])
+def test_an_empty_forwarded_entry_is_refused_not_taken_for_the_proxy_itself(client, path, forwarded):
+    """uvicorn skips an empty X-Forwarded-For entry and keeps the peer's address: a request through
+    a proxy on the same host had been served as local, with full access and no token."""
+    method = "POST" if path == "/mcp" else "GET"
+    with client.stream(method, path, headers={"X-Forwarded-For": forwarded}) as response:  # /sse served would stay open
+        assert response.status_code == 400
+        body = json.loads(response.read())
+        assert body["error"]["code"] == "INVALID_ARGUMENT" and "X-Forwarded-For" in body["error"]["message"]
+
+
 def test_a_token_from_another_machine_has_the_tokens_access(server_url):
     collection_create(name="far")
     _, raw = token_create(name="remote reader", scope="read")
