@@ -869,6 +869,49 @@ def test_a_sitemap_lists_the_pages_and_a_page_dropped_from_it_is_removed(collect
     assert item_uris(source) == {site.url("/p1"), site.url("/p2")}
 
 
+@pytest.mark.parametrize(
+    ("location", "shown"),
+    [
+        ("/p3", "'/p3'"),
+        ("&gone;", "''"),
+        ("ftp://example.org/p3", "'ftp://example.org/p3'"),
+        ("http:///p3", "'http:///p3'"),
+    ],
+)
+def test_a_sitemap_location_that_is_no_page_url_is_reported_and_nothing_is_removed(collection, site, location, shown):
+    """A relative path, an entity left unexpanded or another scheme had been skipped in silence: the
+    page looked dropped from the site and its document was removed (an entity: all of them)."""
+    for name in ("p1", "p2", "p3"):
+        site.page(f"/{name}", f"The page called {name}.")
+    body = '<?xml version="1.0"?><!DOCTYPE urlset [<!ENTITY gone "x">]>'
+    body += '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{}</urlset>'
+    listed = "".join(f"<url><loc>{site.url(f'/{name}')}</loc></url>" for name in ("p1", "p2", "p3"))
+    sitemap = site.raw("/sitemap.xml", body.format(listed))
+    source = source_create(collection=collection, name="site", sitemap_url=sitemap)
+    assert counts(sync(source)) == expected(added=3, total=3)
+
+    site.raw("/sitemap.xml", body.format(f"<url><loc>{site.url('/p1')}</loc></url><url><loc>{location}</loc></url>"))
+    run = sync(source)
+    assert (
+        run.error
+        == f"{sitemap} lists 1 <loc> that is no absolute http(s) URL (the first: {shown}); nothing was removed"
+    )
+    assert counts(run) == expected(unchanged=1, total=1)
+    assert uris(collection) == {site.url(f"/{name}") for name in ("p1", "p2", "p3")}
+
+
+def test_a_sitemap_location_s_scheme_is_read_in_any_case(collection, site):
+    site.page("/p1", "The page called p1.")
+    sitemap = site.raw(
+        "/sitemap.xml",
+        '<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+        f"<url><loc>HTTP{site.url('/p1')[4:]}</loc></url></urlset>",
+    )
+    run = sync(source_create(collection=collection, name="site", sitemap_url=sitemap))
+    assert (counts(run), run.error) == (expected(added=1, total=1), "")
+    assert uris(collection) == {site.url("/p1")}
+
+
 def test_a_page_that_answers_500_is_counted_failed_with_its_reason_and_kept(collection, site):
     good = site.page("/good", "A good page.")
     flaky = site.page("/flaky", "A flaky page.")

@@ -18,6 +18,7 @@ import fnmatch
 import logging
 import re
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -624,18 +625,21 @@ def sitemap_urls(url: str) -> tuple[list[str], list[str]]:
     what was left unread (a scan that left something out removes nothing). Fetched with
     ingestion's guards; parsed without entities, DTDs or network access."""
     limit = settings.KB_SOURCE_MAX_URLS + 1
-    kind, locations = _sitemap_locations(url)
+    kind, locations, problems = _sitemap_locations(url)
     if kind != "sitemapindex":
-        return locations[:limit], []
+        return locations[:limit], problems
     pages: list[str] = []
     most = settings.KB_SOURCE_MAX_SITEMAPS
-    problems = [] if len(locations) <= most else [
-        f"The sitemap index lists {len(locations)} sitemaps; only the first {most} were read (KB_SOURCE_MAX_SITEMAPS)"
-    ]  # fmt: skip
+    if len(locations) > most:
+        listed = len(locations)
+        problems.append(
+            f"The sitemap index lists {listed} sitemaps; only the first {most} were read (KB_SOURCE_MAX_SITEMAPS)"
+        )
     for nested in locations[:most]:
         if len(pages) >= limit:
             break
-        nested_kind, nested_pages = _sitemap_locations(nested)
+        nested_kind, nested_pages, nested_problems = _sitemap_locations(nested)
+        problems.extend(nested_problems)
         if nested_kind == "urlset":
             pages.extend(nested_pages)
         else:
@@ -643,7 +647,10 @@ def sitemap_urls(url: str) -> tuple[list[str], list[str]]:
     return pages[:limit], problems
 
 
-def _sitemap_locations(url: str) -> tuple[str, list[str]]:
+def _sitemap_locations(url: str) -> tuple[str, list[str], list[str]]:
+    """The sitemap's kind, its absolute http(s) locations, and what it lists that is not one (a
+    relative path, an entity left unexpanded, another scheme): a page the scan cannot name must not
+    look like a page dropped from the site, whose document a sync removes."""
     from lxml import etree
 
     parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
@@ -654,5 +661,15 @@ def _sitemap_locations(url: str) -> tuple[str, list[str]]:
     kind = etree.QName(root).localname
     if kind not in ("urlset", "sitemapindex"):
         raise KBError(ErrorCode.LOAD_FAILED, f"{url} is not a sitemap (its root element is <{kind}>)")
-    locations = ((element.text or "").strip() for element in root.iter(f"{SITEMAP_NAMESPACE}loc", "loc"))
-    return kind, [location for location in locations if location.startswith(("http://", "https://"))]
+    locations, unusable = [], []
+    for element in root.iter(f"{SITEMAP_NAMESPACE}loc", "loc"):
+        location = (element.text or "").strip()
+        parts = urllib.parse.urlsplit(location)
+        if parts.scheme in ("http", "https") and parts.netloc:  # urlsplit lower-cases the scheme: HTTP:// too
+            locations.append(parts.scheme + location[len(parts.scheme) :])
+        else:
+            unusable.append(location)
+    if not unusable:
+        return kind, locations, []
+    shown = repr(unusable[0][:200])
+    return kind, locations, [f"{url} lists {len(unusable)} <loc> that is no absolute http(s) URL (the first: {shown})"]
