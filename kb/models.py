@@ -407,8 +407,10 @@ class SourceItem(models.Model):
     and what it may remove once a complete scan no longer finds it."""
 
     source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="items")
-    # The document is the collection's one of this source URI.
     uri = models.TextField()
+    # The document the source created. Deleted by anyone, it is no longer the source's: one
+    # ingested again by hand under the same URI had been removed by the source's next sync.
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="+")
     etag = models.TextField(blank=True, default="")
     last_modified = models.TextField(blank=True, default="")
 

@@ -21,7 +21,7 @@ from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document, Source, SourceItem, SyncRun, SyncStatus
 from kb.selectors.sources import SyncRunOut
 from kb.services.collections import collection_create, collection_delete
-from kb.services.documents import document_create_from_text
+from kb.services.documents import document_create_from_text, document_delete
 from kb.services.ingest import document_ingest
 from kb.services.sources import (
     MAX_INTERVAL_MINUTES,
@@ -420,6 +420,27 @@ def test_a_document_that_was_there_before_the_source_found_it_is_updated_but_nev
     source_update(source=pages, urls=[site.page("/other", "Another page.")])
     assert counts(sync(pages)) == expected(added=1, total=1)
     assert page in uris(collection)
+
+
+def test_a_document_the_source_brought_deleted_and_ingested_again_by_hand_is_no_longer_the_sources(roots, collection):
+    """The source's record outlived the document: ingested again by hand under the same URI, it was
+    removed by the next sync once the file was gone."""
+    folder = roots / "docs"
+    write(folder, "keep.md", "other.md")
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    assert counts(sync(source)) == expected(added=2, total=2)
+    kept = str(folder / "keep.md")
+    document_delete(doc_id=Document.objects.get(source_uri=Path(kept).as_uri()).pk)
+    assert item_uris(source) == file_uris(folder, "other.md")
+    document_ingest(collection=collection, uri=kept, file_roots=[roots])
+    by_hand = Document.objects.get(source_uri=Path(kept).as_uri())
+    (folder / "keep.md").unlink()
+    assert counts(sync(source)) == expected(unchanged=1, total=1)
+    assert Document.objects.filter(pk=by_hand.pk).exists()
+
+    (folder / "other.md").unlink()  # what the source did bring still goes
+    assert counts(sync(source)) == expected(removed=1)
+    assert uris(collection) == {by_hand.source_uri}
 
 
 def test_links_are_judged_by_where_they_lead(roots, collection):

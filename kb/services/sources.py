@@ -472,8 +472,9 @@ def _remove(source: Source, gone: list[str]) -> int:
     """Remove what the source brought and a complete scan no longer finds; the documents removed."""
     if gone:
         collection_index_lock(collection_id=source.collection_id)  # in the order writers take
-    _, deleted = Document.objects.filter(collection=source.collection, source_uri__in=gone).delete()
-    SourceItem.objects.filter(source=source, uri__in=gone).delete()
+    # Its own documents only: the records go with them (SourceItem.document).
+    brought = SourceItem.objects.filter(source=source, uri__in=gone).values("document_id")
+    _, deleted = Document.objects.filter(collection=source.collection, pk__in=brought).delete()
     return deleted.get(Document._meta.label, 0)
 
 
@@ -558,7 +559,7 @@ def _ingest(source: Source, loaded: LoadedSource, items: dict[str, SourceItem], 
         with transaction.atomic():
             stored = ingest_loaded(collection=source.collection, source=loaded)
             _check_still_in(source)
-            _remember(source, loaded, stored.outcome, items)
+            _remember(source, loaded, stored.document, stored.outcome, items)
     except KBError as error:
         progress.count("failed", loaded.source_uri, error)
         return
@@ -583,20 +584,23 @@ def _check_still_in(source: Source) -> None:
         raise _SourceMoved()
 
 
-def _remember(source: Source, loaded: LoadedSource, outcome: str, items: dict[str, SourceItem]) -> None:
-    item = items.get(loaded.source_uri)
-    if item is None and outcome != "created":
-        # A document that was there before the source found it (ingested by hand, by an agent,
-        # by another source) is updated but never the source's: its removal is not the source's
-        # to decide. A curator allowed only to edit sources had deleted others' documents so.
-        return
-    if item is None:
-        items[loaded.source_uri] = SourceItem.objects.create(
-            source=source, uri=loaded.source_uri, etag=loaded.etag, last_modified=loaded.last_modified
+def _remember(
+    source: Source, loaded: LoadedSource, document: Document, outcome: str, items: dict[str, SourceItem]
+) -> None:
+    uri, etag, last_modified = loaded.source_uri, loaded.etag, loaded.last_modified
+    item = items.get(uri)
+    if outcome == "created":
+        # The source's own, also where a record named a document deleted since (the record went
+        # with it, kb.models.SourceItem).
+        items[uri], _ = SourceItem.objects.update_or_create(
+            source=source, uri=uri, defaults={"document": document, "etag": etag, "last_modified": last_modified}
         )
-    elif (item.etag, item.last_modified) != (loaded.etag, loaded.last_modified):
-        item.etag, item.last_modified = loaded.etag, loaded.last_modified
-        item.save(update_fields=["etag", "last_modified"])
+    elif item is not None and (item.etag, item.last_modified) != (etag, last_modified):
+        item.etag, item.last_modified = etag, last_modified
+        SourceItem.objects.filter(pk=item.pk).update(etag=etag, last_modified=last_modified)
+    # Otherwise a document that was there before the source found it (ingested by hand, by an
+    # agent, by another source) is updated but never the source's: its removal is not the source's
+    # to decide. A curator allowed only to edit sources had deleted others' documents so.
 
 
 def _scan_urls(source: Source) -> _Scan:
