@@ -1,6 +1,9 @@
 """The admin under input a hostile or careless curator sends by hand: every answer is a page or a
 400, never a 500, and nothing is read that the page does not offer."""
 
+import html
+import re
+
 import pytest
 from asgiref.sync import async_to_sync
 from django.contrib.admin.models import LogEntry
@@ -8,7 +11,7 @@ from django.test import AsyncClient
 from django.urls import reverse
 
 from kb.admin import common
-from kb.models import Collection, Document, Source, SyncRun
+from kb.models import Collection, Document, IngestRefusal, Source, SyncRun
 from kb.services.sources import source_create
 from kb.services.tokens import token_create
 from tests.support.admin_data import (
@@ -39,6 +42,29 @@ def test_a_changelist_filters_only_as_its_page_offers(admin_client):
     assert offered.status_code == 200 and "note://a" in offered.content.decode()
     assert admin_client.get(DOCUMENTS, {"content_type": "text"}).status_code == 200
     assert admin_client.get(CHUNKS, {"document__id__exact": document.pk}).status_code == 200
+
+
+def test_every_filter_and_sort_link_a_list_offers_answers(admin_client, tmp_path, settings):
+    """The error-code filter of "Files not ingested" linked to ?error_code=..., which the list then
+    refused with a blank 400: what a list offers, it must take."""
+    collection = make_collection("handbook")
+    add_text(collection, "note://a")
+    IngestRefusal.objects.create(
+        collection=collection, source_uri="upload://x.bin", error_code="LOAD_FAILED", error="e"
+    )
+    IngestRefusal.objects.create(collection=collection, source_uri="upload://y.png", skipped=True, error_code="X")
+    token_create(name="ci")
+    settings.KB_FILE_ROOTS = [str(tmp_path)]
+    source_create(collection=collection, name="docs", folder=str(tmp_path))
+    links = 0
+    for model in ("document", "chunk", "collection", "apitoken", "ingestrefusal", "source", "syncrun"):
+        changelist = reverse(f"admin:kb_{model}_changelist")
+        page = admin_client.get(changelist).content.decode()
+        for query in set(re.findall(r'href="(\?[^"#]*)"', page)):
+            response = admin_client.get(changelist + html.unescape(query))
+            assert response.status_code == 200, f"{changelist}{query}: {response.status_code}"
+            links += 1
+    assert links > 40  # the filters and sort links of seven lists were followed
 
 
 @pytest.mark.parametrize(

@@ -147,7 +147,7 @@ class CuratedAdmin(admin.ModelAdmin):
                 if lookup == item.parameter_name:
                     return True
         field, *rest = lookup.split(LOOKUP_SEP)
-        shapes = (["exact"], ["isnull"], ["id", "exact"])
+        shapes = ([], ["exact"], ["isnull"], ["id", "exact"])  # [] : an all-values filter asks ?field=value
         return field in offered and rest in shapes and super().lookup_allowed(lookup, value, request)
 
     def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponseBase | None:
