@@ -249,7 +249,8 @@ class KBServer(MCPServer):
         # Arguments are taken as their JSON Schema types say, never coerced ("5" is not 5, "false"
         # not false): seeds whose servers validate with JSON Schema or zod. Python seeds coerce.
         self.strict_arguments = strict_arguments or closed_arguments
-        # And unknown argument names are refused, the schema saying so (zod's .strict()).
+        # The schemas say no other names (Synthesis's zod .strict()); as the seed's SDK checks the
+        # arguments with its shape alone, other names are dropped before the tool sees them.
         self.closed_arguments = closed_arguments
         self._description_suffixes: dict[str, Callable[[], Awaitable[str]]] = {}
         self._needs: dict[str, ToolNeed] = {}
@@ -275,7 +276,6 @@ class KBServer(MCPServer):
         loose = tool.fn_metadata.arg_model
         config = {**loose.model_config, "strict": True}
         if self.closed_arguments:
-            config["extra"] = "forbid"
             properties = {name: _untitled(value) for name, value in tool.parameters.get("properties", {}).items()}
             tool.parameters = {
                 **{key: value for key, value in tool.parameters.items() if key != "title"},
@@ -320,8 +320,11 @@ class KBServer(MCPServer):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
-        if self._tool_manager.get_tool(name) is None:  # a protocol error, as MCP's spec has it
+        tool = self._tool_manager.get_tool(name)
+        if tool is None:  # a protocol error, as MCP's spec has it
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {name}")
+        if self.strict_arguments:
+            arguments = whole_numbers(arguments, tool.parameters.get("properties", {}))
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -343,3 +346,21 @@ def _untitled(schema: Any) -> Any:
     if isinstance(schema, list):
         return [_untitled(item) for item in schema]
     return schema
+
+
+def whole_numbers(arguments: dict[str, Any], properties: dict[str, Any]) -> dict[str, Any]:
+    """Integral floats given for integer arguments as integers: JSON has one number type, and the
+    zod and JSON Schema seeds take 2.0 where an integer is asked (pydantic's strict int does not)."""
+    return {
+        name: int(value)
+        if isinstance(value, float) and value.is_integer() and _integer(properties.get(name))
+        else value
+        for name, value in (arguments or {}).items()
+    }
+
+
+def _integer(schema: Any) -> bool:
+    """Whether a property's schema takes an integer (alone, or among anyOf's choices)."""
+    if not isinstance(schema, dict):
+        return False
+    return schema.get("type") == "integer" or any(_integer(choice) for choice in schema.get("anyOf", []))

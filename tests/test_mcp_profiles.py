@@ -114,6 +114,34 @@ def test_scirag_retrieves_the_chunks_it_stored_with_similarity_scores():
     assert len(everywhere) == 3  # both collections, top_k 5
 
 
+def test_scirag_gives_back_each_chunk_s_own_name_and_metadata_as_stored():
+    """An attack helper's SciRAG client got q1.pdf for reports/2024/q1.pdf and reports/2023/q1.pdf,
+    and chunks showed other chunks' title, author and page count (their document's union)."""
+    names = ["reports/2024/q1.pdf", "reports/2023/q1.pdf", "https://arxiv.org/pdf/2401.00001"]
+    first = [
+        {"text": f"{ENZYMES} ({number})", "source_filename": name, "chunk_index": 0, "metadata": own}
+        for number, (name, own) in enumerate(
+            zip(names, [{"title": "T1", "author": "Alice"}, {"author": "Bob"}, {}], strict=True)
+        )
+    ]
+    assert call_ok(SCIRAG, "store_document_chunks", {"chunks": first, "collection": "reports"})["success"]
+    later = {"text": TEMPERATURE, "source_filename": names[0], "chunk_index": 1, "metadata": {"page_count": 7}}
+    assert call_ok(SCIRAG, "store_document_chunks", {"chunks": [later], "collection": "reports"})["success"]
+    embed_pending()
+    found = call_ok(SCIRAG, "retrieve_document_chunks", {"query": "enzyme", "top_k": 10, "collection": "reports"})
+    by_name = {(chunk["source_filename"], chunk["chunk_index"]): chunk["metadata"] for chunk in found}
+    assert sorted(by_name) == sorted([(name, 0) for name in names] + [(names[0], 1)])
+    picked = {key: {field: value for field, value in metadata.items() if value is not None and field != "ingestion_date"}
+              for key, metadata in by_name.items()}  # fmt: skip
+    assert picked == {
+        (names[0], 0): {"title": "T1", "author": "Alice"},
+        (names[1], 0): {"author": "Bob"},
+        (names[2], 0): {},
+        (names[0], 1): {"page_count": 7},
+    }
+    assert by_name[(names[0], 0)]["ingestion_date"] < by_name[(names[0], 1)]["ingestion_date"]
+
+
 def test_scirag_store_reports_validation_errors_without_raising():
     chunks = [*paper_chunks(), {"source_filename": "paper.pdf", "chunk_index": 2}]
     chunks.insert(0, paper_chunks()[0] | {"chunk_index": 7})
@@ -413,8 +441,12 @@ def test_synthesis_coerces_no_types():
     assert not call(
         SYNTHESIS, "search_rag", {"collectionId": str(collection.uuid), "query": "x", "min_similarity": 1}
     ).is_error
-    unknown = call(SYNTHESIS, "search_rag", {"collectionId": str(collection.uuid), "query": "x", "topK": 3})
-    assert unknown.is_error and "topK" in unknown.content[0].text  # zod's .strict(): no unknown keys
+    # As the seed's SDK checks arguments with the schema's shape (z.object(shape) drops other
+    # names) and zod's int() takes 2.0: an attack helper's run of the seed's own server did so.
+    stray = {"collectionId": str(collection.uuid), "query": "x", "topK": 3, "top_k": 2.0}
+    assert not call(SYNTHESIS, "search_rag", stray).is_error
+    fraction = call(SYNTHESIS, "search_rag", {"collectionId": str(collection.uuid), "query": "x", "top_k": 2.5})
+    assert fraction.is_error and "top_k" in fraction.content[0].text
 
 
 def test_synthesis_attaches_each_input_schema():

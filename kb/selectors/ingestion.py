@@ -64,7 +64,7 @@ def _counts(documents: Sequence[Document]) -> dict[str, int]:
 POLL_SECONDS = 0.05
 STILL_EMBEDDING = (
     "Embedding continues: keyword search finds it now, search by meaning once its status is "
-    "'ready' (follow it with the ingestion status)."
+    "'ready' (rag_ingestion_status on the default /mcp, or GET /api/documents/{id}, shows it)."
 )
 
 

@@ -11,6 +11,7 @@ Each ``source_filename`` becomes one document (its source URI), its chunks store
 """
 
 import logging
+import time
 from typing import Annotated, Any
 
 from django.db import DatabaseError
@@ -23,7 +24,7 @@ from kb.search import SearchResult, search
 from kb.selectors.collections import collection_list
 from kb.selectors.ingestion import STILL_EMBEDDING
 from kb.services.embedding_pipeline import documents_embed_for_writer
-from kb.services.ingest import ChunkInput, document_store_chunk_batch
+from kb.services.ingest import UPLOAD_PREFIX, ChunkInput, document_store_chunk_batch
 from mcp_endpoint.budget import fit_list
 from mcp_endpoint.caller import current_access
 from mcp_endpoint.servers.rag_shapes import file_name
@@ -46,20 +47,29 @@ class RetrievedChunk(TypedDict):
 
 def retrieved_chunk(result: SearchResult) -> RetrievedChunk:
     # SciRAG's fields first (None when unknown), then what the chunk was stored with, as each of the
-    # seed's chunks keeps its own; a chunk stored without any (a file ingested by another door) shows
-    # its document's. The document's is the union of its chunks': one chunk's page_count had shown
-    # on all of them.
+    # seed's chunks keeps its own (with the time it was stored: _store); never its document's, the
+    # union of its chunks' (one chunk's page_count and title had shown on all of them). A chunk of
+    # a file another door parsed has none of its own: it shows its document's.
     own = result.chunk_metadata
-    stored = {"ingestion_date": result.metadata.get("ingestion_date")} | own if own else result.metadata
-    metadata = dict.fromkeys(SCIRAG_METADATA) | stored
-    metadata["title"] = metadata["title"] or result.title or None
+    metadata = dict.fromkeys(SCIRAG_METADATA) | (
+        {"ingestion_date": result.metadata.get("ingestion_date")} | own
+        if own
+        else result.metadata | {"title": result.metadata.get("title") or result.title or None}
+    )
     return RetrievedChunk(
         text=result.content,
-        source_filename=file_name(result.source_uri),
+        source_filename=source_filename(result.source_uri),
         chunk_index=result.chunk_index,
         score=min(1.0, max(0.0, result.similarity or 0.0)),
         metadata=metadata,
     )
+
+
+def source_filename(source_uri: str) -> str:
+    """What a SciRAG client stored (its own name, a path, a URL) comes back as it was: only the
+    base name had, and reports/2024/q1.pdf and reports/2023/q1.pdf were both q1.pdf. A file that
+    another door ingested or uploaded shows its file name."""
+    return file_name(source_uri) if source_uri.startswith(("file://", UPLOAD_PREFIX)) else source_uri
 
 
 @service_tool(TokenScope.READ, on_error=raise_tool_error)
@@ -103,6 +113,12 @@ def chunk_problem(position: int, chunk: dict[str, Any]) -> str | None:
     return None
 
 
+def stored_metadata(chunk: dict[str, Any]) -> dict[str, Any]:
+    """A chunk's own metadata and, as SciRAG sets it, when it was stored (a later store of other
+    chunks of its file leaves it be)."""
+    return (chunk.get("metadata") or {}) | {"ingestion_date": time.time()}
+
+
 def _store(chunks: list[dict[str, Any]], collection: str) -> StoreResult:
     access = current_access()
     access.check_collection(collection)
@@ -111,7 +127,7 @@ def _store(chunks: list[dict[str, Any]], collection: str) -> StoreResult:
         raise KBError(ErrorCode.INVALID_ARGUMENT, problems[0] if problems else "No chunks to store")
     stored = document_store_chunk_batch(
         collection_name=collection,
-        chunks=[ChunkInput(c["chunk_index"], c["text"], c.get("metadata") or {}) for c in chunks],
+        chunks=[ChunkInput(c["chunk_index"], c["text"], stored_metadata(c)) for c in chunks],
         sources=[c["source_filename"] for c in chunks],
         create_collection=access.unrestricted,
     )
