@@ -238,6 +238,9 @@ def test_the_hybrid_profile_fuses_ranks_at_semantic_weight_0_7():
         )
         assert hit["rrf_score"] == pytest.approx(expected, rel=1e-4)
     assert len(call_ok(HYBRID, "search_documents", {"query": "work", "top_k": 1})) == 1
+    # The seeds set no maximum: a large top_k gets what there is (at most 100), not an error.
+    assert len(call_ok(HYBRID, "search_documents", {"query": "work", "top_k": 100_000})) == 3
+    assert len(call_ok(SCIRAG, "retrieve_document_chunks", {"query": "work", "top_k": 101})) == 3
     expenses = {"query": "expenses reimbursed monthly", "top_k": 1}
     assert call_ok(HYBRID, "search_documents", expenses)[0]["file_name"] == "3 - Expenses.txt"
     assert call_ok(SCIRAG, "retrieve_document_chunks", expenses)[0]["source_filename"] == "3 - Expenses.txt"

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from kb.models import TokenScope
+from kb.models import MAX_TOP_K, TokenScope
 from kb.search import search
 from mcp_endpoint.budget import fit_list
 from mcp_endpoint.caller import current_access
@@ -38,7 +38,7 @@ def search_documents(
     response = search(
         query=query,
         collections=access.search_collections(None),
-        top_k=top_k,
+        top_k=min(top_k, MAX_TOP_K),  # the seed sets no maximum: at most the server's
         mode="hybrid",
         semantic_weight=SEMANTIC_WEIGHT,
         fusion="rrf",  # the seed orders by its RRF score

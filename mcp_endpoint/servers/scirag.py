@@ -19,7 +19,7 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from kb.errors import ErrorCode, KBError
-from kb.models import TokenScope
+from kb.models import MAX_TOP_K, TokenScope
 from kb.search import SearchResult, search
 from kb.selectors.collections import collection_list
 from kb.selectors.ingestion import STILL_EMBEDDING
@@ -85,7 +85,7 @@ def retrieve_document_chunks(
     response = search(
         query=query,
         collections=access.search_collections([collection] if collection is not None else None),
-        top_k=top_k,
+        top_k=min(top_k, MAX_TOP_K),  # the seed sets no maximum: at most the server's
         mode="semantic",
     )
     chunks = [retrieved_chunk(result) for result in response.results]
