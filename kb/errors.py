@@ -68,6 +68,13 @@ class KBError(Exception):
 NUL_IN_TEXT = "Text values cannot contain NUL (0x00) characters"
 
 
+def refuse_nul(text: str) -> None:
+    """A NUL in a name or id looked up is the caller's to fix (Postgres cannot even compare it):
+    INVALID_ARGUMENT at every door, before any query."""
+    if "\x00" in text:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, NUL_IN_TEXT)
+
+
 def database_error(exc: BaseException) -> KBError:
     """What a caller is told of a database failure: its SQLSTATE at most. The driver's message
     may name the server's socket path, tables or values; the log keeps it. A NUL character in a

@@ -230,9 +230,12 @@ def test_rest_errors_are_json_bodies_with_their_codes(client, handbook, outside)
         get(client, "/api/sources/nope/runs"),
         delete(client, "/api/sources/nope"),
         get(client, f"/api/sync-runs/{MISSING_RUN}"),
+        get(client, "/api/sync-runs/not-a-run-id"),  # as rag_sync_status says (it had been a 400)
+        get(client, "/api/sources/a%20b"),
     ):
         assert error_of(response) == (404, "NOT_FOUND"), response.request["PATH_INFO"]
-    assert error_of(get(client, "/api/sync-runs/not-a-run-id")) == (400, "INVALID_ARGUMENT")
+    for nul in ("/api/sync-runs/a%00b", "/api/sources/a%00b"):
+        assert error_of(get(client, nul)) == (400, "INVALID_ARGUMENT")
 
     malformed = client.post("/api/sources", "{not json", content_type="application/json")
     assert error_of(malformed) == (400, "INVALID_ARGUMENT")

@@ -10,11 +10,13 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from pydantic import BaseModel, ConfigDict
 
-from kb.errors import ErrorCode, KBError
+from kb.errors import ErrorCode, KBError, refuse_nul
 from kb.models import Chunk, Collection, DocumentStatus, Embedding
 
 
 def collection_get(*, name: str) -> Collection:
+    """The collection of ``name``; any name that is none (malformed too) is not found, at every door."""
+    refuse_nul(name)
     try:
         return Collection.objects.select_related("embedding_model", "next_embedding_model").get(name=name)
     except Collection.DoesNotExist:

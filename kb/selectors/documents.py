@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from django.db.models import QuerySet
 
-from kb.errors import NUL_IN_TEXT, ErrorCode, KBError
+from kb.errors import ErrorCode, KBError, refuse_nul
 from kb.models import MAX_CHUNK_INDEX, Chunk, Collection, Document, DocumentStatus
 from kb.replicas import read_snapshot, reads_from_replica
 
@@ -13,14 +13,13 @@ if TYPE_CHECKING:  # kb.access reads documents through this module
     from kb.access import Access
 
 
-DOCUMENT_ID_FORM = re.compile(r"[0-9A-Za-z]{26}")
+ULID_FORM = re.compile(r"[0-9A-Za-z]{26}")  # document and sync run ids
 
 
 def document_get(*, doc_id: str) -> Document:
     """The document of ``doc_id`` in any case; a malformed id is not found either, at every door."""
-    if not DOCUMENT_ID_FORM.fullmatch(doc_id):
-        if "\x00" in doc_id:  # as wherever a NUL reaches the database: the caller's to fix
-            raise KBError(ErrorCode.INVALID_ARGUMENT, NUL_IN_TEXT)
+    if not ULID_FORM.fullmatch(doc_id):
+        refuse_nul(doc_id)
         raise KBError(ErrorCode.DOCUMENT_NOT_FOUND, "Document not found: a document id is 26 letters and digits")
     try:
         return Document.objects.select_related("collection").get(pk=doc_id)

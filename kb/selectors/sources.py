@@ -5,8 +5,9 @@ from datetime import datetime
 from django.db.models import QuerySet
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb.errors import ErrorCode, KBError
+from kb.errors import ErrorCode, KBError, refuse_nul
 from kb.models import Source, SyncRun, SyncStatus, SyncStatusName
+from kb.selectors.documents import ULID_FORM
 
 RUNS_SHOWN = 20
 
@@ -118,6 +119,7 @@ class SourceOut(BaseModel):
 
 
 def source_get(*, name: str) -> Source:
+    refuse_nul(name)
     try:
         return Source.objects.select_related("collection").get(name=name)
     except Source.DoesNotExist:
@@ -129,6 +131,10 @@ def source_list() -> QuerySet[Source]:
 
 
 def sync_run_get(*, run_id: str) -> SyncRun:
+    """The run of ``run_id``; a malformed id is not found either, at every door."""
+    if not ULID_FORM.fullmatch(run_id):
+        refuse_nul(run_id)
+        raise KBError(ErrorCode.NOT_FOUND, "Sync run not found: a sync run id is 26 letters and digits")
     try:
         return SyncRun.objects.select_related("source__collection").get(pk=run_id)
     except SyncRun.DoesNotExist:

@@ -6,6 +6,7 @@ that point at server folders, dates no calendar holds."""
 import importlib.util
 import json
 import logging
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,32 @@ def test_a_nul_in_a_rest_path_is_invalid_argument(client):
         "/api/documents/nul%00/chunks/0/neighbors",
     ):
         assert api_error(get(client, path)) == (400, "INVALID_ARGUMENT"), path
+
+
+@pytest.mark.parametrize("name", ["a b", "x" * 101, "Прото", "a%2Fb"])
+def test_a_name_that_is_no_collection_s_is_not_found_at_every_door(client, name):
+    """REST had judged the name's form (400 INVALID_ARGUMENT) where MCP looked it up (not found)."""
+    collection_create(name="c")
+    quoted = urllib.parse.quote(name, safe="")
+    for path in (
+        f"/api/collections/{quoted}/documents",
+        f"/api/collections/{quoted}",
+        f"/api/stats?collection={quoted}",
+    ):
+        assert api_error(get(client, path)) == (404, "COLLECTION_NOT_FOUND"), path
+    for tool in ("rag_list_documents", "rag_stats"):
+        assert error_of(call(CANONICAL, tool, {"collection": name}))["code"] == "COLLECTION_NOT_FOUND"
+
+
+def test_a_nul_in_a_source_s_collection_is_the_caller_s_error_without_an_error_logged(
+    client, caplog, tmp_path, settings
+):
+    """It reached Postgres: the caller got a 400, but each request logged an ERROR with a traceback."""
+    collection_create(name="c")
+    settings.KB_FILE_ROOTS = [str(tmp_path)]
+    body = {"name": "s", "collection": "a\x00b", "folder": str(tmp_path)}
+    assert api_error(post(client, "/api/sources", body)) == (400, "INVALID_ARGUMENT")
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
 
 
 @pytest.mark.parametrize("name", ["t1\n", "t1\r\n", "\nt1", "t 1", "t1\x00"])
