@@ -85,7 +85,12 @@ def _method_not_allowed_as_json(request: HttpRequest, response: HttpResponse) ->
     """django-ninja answers a method its path does not take in plain text; the API's shape instead."""
     if response.status_code != 405 or not request.path_info.startswith("/api/"):
         return response
-    allowed = ", ".join(sorted(method.strip() for method in response.headers.get("Allow", "").split(",")))
+    return method_not_allowed(request, response.headers.get("Allow", "").split(","))
+
+
+def method_not_allowed(request: HttpRequest, methods: list[str]) -> JsonResponse:
+    """405 METHOD_NOT_ALLOWED in the API's shape, with the methods the path takes."""
+    allowed = ", ".join(sorted(method.strip() for method in methods))
     message = f"{request.method} is not allowed on {request.path}; it takes {allowed}"
     error = KBError(ErrorCode.METHOD_NOT_ALLOWED, message)
     answer = JsonResponse(error.as_dict(), status=error.http_status)
