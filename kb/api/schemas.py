@@ -6,7 +6,7 @@ management commands print the same shapes with ``--json``.
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from ninja import Path, Schema
 from pydantic import ConfigDict, Field, Json, field_validator
@@ -37,7 +37,7 @@ from kb.selectors.sources import SourceOut, SyncRunOut
 from kb.services.documents import StoredDocument
 from kb.services.ingest import IngestItem, IngestReport, ItemOutcome
 
-ContentType = Literal[CONTENT_TYPES]  # type: ignore[valid-type]
+CONTENT_TYPE_DESCRIPTION = f"Override the detected content type: {', '.join(CONTENT_TYPES)}"
 ChunkMaxTokens = Annotated[int, Field(ge=CHUNK_MAX_TOKENS_RANGE[0], le=CHUNK_MAX_TOKENS_RANGE[1])]
 ChunkMinTokens = Annotated[int, Field(ge=0, le=CHUNK_MAX_TOKENS_RANGE[1])]
 ChunkOverlapTokens = Annotated[int, Field(ge=0, lt=CHUNK_MAX_TOKENS_RANGE[1] // 2)]
@@ -341,14 +341,14 @@ WAIT_DESCRIPTION = (
 
 
 class IngestIn(BodyInputSchema):
+    # The URI, content type and title are the ingestion service's to judge, for every door alike.
     uri: str = Field(
-        min_length=1,
         description="file:// (under KB_FILE_ROOTS), http(s):// or data: URI; a directory ingests every file in it",
         examples=["data:,Hello from the knowledge base"],
     )
-    content_type: ContentType | None = Field(None, description="Override the detected content type")
+    content_type: str | None = Field(None, description=CONTENT_TYPE_DESCRIPTION)
     metadata: dict[str, Any] | None = None
-    title: str | None = Field(None, max_length=500)
+    title: str | None = Field(None, description="At most 500 characters; replaces the detected title")
     recursive: bool = Field(True, description="For directories: include subdirectories")
     force: bool = Field(False, description="Re-chunk even when the content did not change")
     wait: bool = Field(False, description=WAIT_DESCRIPTION)
@@ -361,7 +361,7 @@ class WaitQuery(InputSchema):
 
 
 class UploadForm(InputSchema):
-    content_type: ContentType | None = Field(None, description="Override the detected content type")
+    content_type: str | None = Field(None, description=CONTENT_TYPE_DESCRIPTION)
     metadata: Json[dict[str, Any]] | None = Field(None, description="A JSON object attached to every file")
     wait: bool = Field(False, description=WAIT_DESCRIPTION)
 

@@ -17,7 +17,13 @@ from django.core.files import File
 from django.db import transaction
 
 from kb.errors import ErrorCode, KBError
-from kb.ingestion.formats import ParsedDocument, detect_content_type, parse
+from kb.ingestion.formats import (
+    FILE_METADATA_MAX_CHARS,
+    ParsedDocument,
+    detect_content_type,
+    parse,
+    validate_content_type,
+)
 from kb.ingestion.sources import (
     LoadedSource,
     SkippedSource,
@@ -111,6 +117,14 @@ def network_file_roots() -> list[Path]:
     return [Path(root) for root in settings.KB_FILE_ROOTS]
 
 
+def check_title(title: str) -> None:
+    """A caller's title is stored as given or refused: a longer one had been cut to 500 characters
+    and a NUL made U+FFFD, where the REST API refused both (a file's own title is still cut)."""
+    check_storable(title, what="title")
+    if len(title) > FILE_METADATA_MAX_CHARS:
+        raise KBError(ErrorCode.INVALID_ARGUMENT, f"title: at most {FILE_METADATA_MAX_CHARS} characters")
+
+
 def document_ingest(
     *,
     collection: Collection,
@@ -130,6 +144,10 @@ def document_ingest(
     read, unless ``whole_folder`` (the operator's kb_ingest, which shows its progress)."""
     uri = (uri or "").strip()
     check_metadata(metadata)
+    if title is not None:
+        check_title(title)
+    if content_type:
+        validate_content_type(content_type)  # before anything is fetched
     options = {"content_type": content_type, "metadata": metadata, "title": title, "force": force}
     if uri.startswith("data:"):
         sources: Iterable[LoadedSource | SkippedSource] = [load_data_uri(uri)]

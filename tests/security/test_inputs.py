@@ -157,6 +157,39 @@ def test_a_name_that_is_no_collection_s_is_not_found_at_every_door(client, name)
         assert error_of(call(CANONICAL, tool, {"collection": name}))["code"] == "COLLECTION_NOT_FOUND"
 
 
+INGEST_ARGUMENTS = {
+    "title of 501 characters": ({"title": "t" * 501}, "INVALID_ARGUMENT"),
+    "title with a NUL": ({"title": "a\x00b"}, "INVALID_ARGUMENT"),
+    "unknown content type": ({"content_type": "spreadsheet"}, "INVALID_ARGUMENT"),
+    "empty URI": ({"uri": ""}, "INVALID_URI"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INGEST_ARGUMENTS))
+def test_an_ingest_argument_gets_the_same_answer_at_both_doors(client, case):
+    """REST had refused a 501-character title or a NUL in it, where MCP cut it to 500 or stored
+    U+FFFD; an empty URI was INVALID_ARGUMENT at one door and INVALID_URI at the other."""
+    collection_create(name="c")
+    arguments, code = INGEST_ARGUMENTS[case]
+    body = {"uri": DATA} | arguments
+    before = counts()
+    rest = client.post("/api/collections/c/documents", json.dumps(body), content_type="application/json")
+    assert api_error(rest)[1] == code
+    mcp = error_of(call(CANONICAL, "rag_ingest", body | {"collection": "c"}))
+    assert (mcp["code"], mcp["message"]) == (code, rest.json()["error"]["message"])
+    assert counts() == before
+
+
+def test_a_content_type_alias_and_an_empty_override_are_taken_at_both_doors(client):
+    collection_create(name="c")
+    for value, stored in (("Markdown", "markdown"), ("md", "markdown"), ("", "plain_text")):
+        body = {"uri": f"data:text/plain,{value or 'none'}", "content_type": value}
+        rest = client.post("/api/collections/c/documents", json.dumps(body), content_type="application/json")
+        assert rest.status_code == 200, rest.content
+        assert Document.objects.get(pk=rest.json()["items"][0]["doc_id"]).content_type == stored
+        assert not call(CANONICAL, "rag_ingest", body | {"collection": "c"}).is_error
+
+
 def test_a_nul_in_a_source_s_collection_is_the_caller_s_error_without_an_error_logged(
     client, caplog, tmp_path, settings
 ):
