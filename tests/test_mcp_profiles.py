@@ -369,6 +369,8 @@ def test_ragmcpserver_injects_text():
     assert "(1 chunks, unchanged)." in call_text(RAGMCPSERVER, "Inject", {"text": LEAVE})
     document = Document.objects.get(source_uri__startswith="inject://", raw_content=LEAVE)
     assert (document.collection.name, document.metadata["source"]) == ("RagMcpServer", "handbook.md")
+    # Made with the seed's text splitter settings: chunks of about 1,024 tokens sharing 128.
+    assert (document.collection.chunk_max_tokens, document.collection.chunk_overlap_tokens) == (1024, 128)
     assert call(RAGMCPSERVER, "Inject", {"text": "  "}).is_error
     # Metadata that is not a JSON object is kept as text, even nested past the parser's stack;
     # past KB_MAX_METADATA_CHARS it is refused, saying why (it had been a bare "Error executing tool Inject").

@@ -1,4 +1,5 @@
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -114,24 +115,28 @@ def collection_create(
         raise KBError(ErrorCode.COLLECTION_EXISTS, f"Collection already exists: {name}") from None
 
 
-def collection_get_or_create(*, name: str, description: str = "") -> Collection:
+def collection_get_or_create(*, name: str, description: str = "", **settings: Any) -> Collection:
+    """The collection of ``name``; created with ``settings`` (collection_create's) when missing."""
     try:
         return Collection.objects.get(name=name)
     except Collection.DoesNotExist:
         pass
     try:
-        return collection_create(name=name, description=description)
+        return collection_create(name=name, description=description, **settings)
     except KBError as error:
         if error.code == ErrorCode.COLLECTION_EXISTS:  # created concurrently
             return Collection.objects.get(name=name)
         raise
 
 
-def collection_to_write(*, name: str, create: bool, description: str = "") -> Collection:
-    """The collection a seed's write goes to, created on first use when ``create`` (as those seeds
-    do). A caller limited to some collections never creates one: a collection of theirs deleted
-    meanwhile is COLLECTION_NOT_FOUND, not brought back by their next write."""
-    return collection_get_or_create(name=name, description=description) if create else collection_get(name=name)
+def collection_to_write(*, name: str, create: bool, description: str = "", **settings: Any) -> Collection:
+    """The collection a seed's write goes to, created on first use (with ``settings``) when
+    ``create`` (as those seeds do). A caller limited to some collections never creates one: a
+    collection of theirs deleted meanwhile is COLLECTION_NOT_FOUND, not brought back by their next
+    write."""
+    if not create:
+        return collection_get(name=name)
+    return collection_get_or_create(name=name, description=description, **settings)
 
 
 def collection_update(

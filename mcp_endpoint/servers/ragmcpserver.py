@@ -35,6 +35,10 @@ def metadata_object(metadata: dict[str, Any] | str | None) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"metadata": metadata}
 
 
+# The seed's text splitter: about 1,024 tokens a chunk, 128 shared with the next ("Text Splitting").
+SEED_CHUNKING = {"chunk_max_tokens": 1024, "chunk_overlap_tokens": 128}
+
+
 @service_tool(TokenScope.WRITE, collection=INJECT_COLLECTION, on_error=text_error)
 def Inject(
     text: Annotated[str, Field(description="The text to add to the knowledge base")],
@@ -50,7 +54,10 @@ def Inject(
     source_uri = f"inject://{hashlib.sha256(text.encode('utf-8')).hexdigest()[:32]}"
     stored = document_create_from_text(
         collection=collection_to_write(
-            name=INJECT_COLLECTION, create=current_access().unrestricted, description="Text injected by MCP clients"
+            name=INJECT_COLLECTION,
+            create=current_access().unrestricted,
+            description="Text injected by MCP clients",
+            **SEED_CHUNKING,
         ),
         source_uri=source_uri,
         text=text,
