@@ -1059,6 +1059,20 @@ def test_a_sitemap_index_inside_a_sitemap_index_is_reported_and_nothing_is_remov
     assert uris(collection) == {site.url(f"/p{number}") for number in range(3)}
 
 
+@pytest.mark.parametrize(
+    "url", ["https://user:secret@example.org/a", "https://token@example.org/a", "https://:pw@example.org/"]
+)
+def test_a_url_holding_credentials_is_refused_as_a_source_and_as_a_document(collection, url):
+    """It was stored and shown to every read token (a source's URLs, a document's source URI)."""
+    message = refused(ErrorCode.INVALID_URI, collection=collection, name="x", urls=[url])
+    assert "user name or password" in message and "secret" not in message
+    refused(ErrorCode.INVALID_URI, collection=collection, name="x", sitemap_url=url)
+    with pytest.raises(KBError) as raised:
+        document_ingest(collection=collection, uri=url, file_roots=[])
+    assert raised.value.code == ErrorCode.INVALID_URI
+    assert not Document.objects.exists()
+
+
 def test_only_http_urls_are_followed(collection):
     refused(ErrorCode.INVALID_URI, collection=collection, name="x", urls=["file:///etc/passwd"])
     refused(ErrorCode.INVALID_URI, collection=collection, name="x", urls=["ftp://example.org/a"])

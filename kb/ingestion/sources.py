@@ -427,6 +427,10 @@ def _parsed_host(url: str, *, malformed: ErrorCode) -> tuple[str, int]:
         raise KBError(ErrorCode.INVALID_URI, f"Only http and https URLs can be fetched: {url}")
     if not parts.hostname:
         raise KBError(malformed, f"The URL has no host: {url}")
+    if parts.username is not None or parts.password is not None:
+        # A document's URL is shown to everyone who may read its collection, a source's to every
+        # reader too: credentials in it would be handed out with every search result.
+        raise KBError(ErrorCode.INVALID_URI, "A URL with a user name or password is refused: every reader would see it")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         host = parts.hostname.encode("idna").decode("ascii")  # the name DNS, the Host header and TLS see
