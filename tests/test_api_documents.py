@@ -9,7 +9,7 @@ from kb.errors import ErrorCode, KBError
 from kb.models import Document, Embedding, IngestRefusal
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
-from kb.services.ingest import IngestItem, ingest_refusals_record
+from kb.services.ingest import IngestItem, document_ingest_upload, ingest_refusals_record
 from tests.support.api_helpers import delete, error_of, get, post
 from tests.support.documents import MARKDOWN, make_pdf, write_mixed_folder
 from tests.support.worker import embed_now
@@ -143,6 +143,19 @@ def test_two_files_of_one_upload_with_one_name_keep_the_first_and_refuse_the_sec
     assert body["items"][1]["error"]["code"] == "INVALID_ARGUMENT"
     stored = Document.objects.get(collection__name="docs", source_uri="upload://readme.md")
     assert stored.raw_content == "Readme of the wing tools."
+
+
+@pytest.mark.parametrize("name", ["a\x1b[31mb.md", "tab\tname.md", "bell\x07.txt", "c1\x9b.md"])
+def test_an_upload_named_with_control_characters_is_refused_or_cleaned(client, docs, name):
+    """Django's form parser drops them from a multipart name; the service refuses them from any
+    other caller (shown in lists, logs and terminals, an escape sequence would act there)."""
+    upload = io.BytesIO(b"Text of the file.")
+    upload.name = name
+    body = client.post("/api/collections/docs/uploads", {"files": [upload]}).json()
+    assert body["items"][0]["source_uri"] == "upload://" + "".join(c for c in name if c.isprintable())
+    with pytest.raises(KBError) as raised:
+        document_ingest_upload(collection=docs, filename=name, data=b"Text of the file.")
+    assert raised.value.code == ErrorCode.INVALID_ARGUMENT and "control characters" in raised.value.message
 
 
 def test_a_file_named_like_one_that_failed_is_stored(client, docs):

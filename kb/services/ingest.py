@@ -6,6 +6,7 @@ request; embedded later by the Celery worker.
 """
 
 import itertools
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -248,6 +249,9 @@ def upload_name(filename: str) -> str:
     name = Path(filename or "").name
     if not name:
         raise KBError(ErrorCode.INVALID_ARGUMENT, "An uploaded file needs a name")
+    if any(unicodedata.category(character) == "Cc" for character in name):
+        # Shown in lists, logs and terminals: "a\x1b[31mb.md" had kept its escape sequence.
+        raise KBError(ErrorCode.INVALID_ARGUMENT, "An uploaded file's name must not hold control characters")
     return name
 
 
