@@ -436,6 +436,8 @@ class SyncRun(models.Model):
     source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="runs")
     status = models.CharField(max_length=10, choices=SyncStatus.choices, default=SyncStatus.QUEUED)
     trigger = models.CharField(max_length=10, default="manual")  # manual or schedule
+    # Where it ran: a source moved since runs in another collection (its history must not say so).
+    collection_name = models.CharField(max_length=COLLECTION_NAME_MAX_LENGTH, blank=True, default="")
     # Files or URLs found by the scan, and how many of them were handled so far.
     total = models.PositiveIntegerField(default=0)
     processed = models.PositiveIntegerField(default=0)

@@ -686,12 +686,19 @@ def test_moving_a_source_to_another_collection_or_deleting_it_leaves_its_documen
     sync(source)
     both = file_uris(folder, "a.md", "b.md")
 
+    first_run = SyncRun.objects.get(source=source)
     other = collection_create(name="other")
-    source = source_update(source=source, collection=other)
     (folder / "b.md").unlink()
-    assert counts(sync(source)) == expected(added=1, total=1)
+    queued = sync_start(source=source).run  # queued in the first collection, run in the other
+    source = source_update(source=source, collection=other)
+    assert counts(sync_execute(run_id=queued.pk)) == expected(added=1, total=1)
     assert uris(other) == file_uris(folder, "a.md")
     assert uris(collection) == both  # what it brought to the first collection stays there
+    # Each run's history says where it ran (it had said where the source is now).
+    assert [SyncRunOut.of(run).collection for run in (first_run, SyncRun.objects.get(pk=queued.pk))] == [
+        collection.name,
+        "other",
+    ]
 
     source_delete(source=source)
     assert not Source.objects.exists() and not SourceItem.objects.exists()

@@ -51,7 +51,7 @@ class SyncRunOut(BaseModel):
         return cls(
             job_id=run.pk,
             source=run.source.name,
-            collection=run.source.collection.name,
+            collection=run.collection_name,
             status=run.status,
             done=run.status in (SyncStatus.SUCCEEDED, SyncStatus.FAILED),
             trigger=run.trigger,

@@ -275,7 +275,12 @@ def sync_start(*, source: Source, trigger: str = "manual") -> SyncStart:
         active = locked.runs.filter(status__in=ACTIVE_SYNC_STATUSES).first()
         if active is not None:
             return SyncStart(run=active, started=False)
-        run = SyncRun.objects.create(source=locked, trigger=trigger, lease_expires_at=_resend_deadline())
+        run = SyncRun.objects.create(
+            source=locked,
+            trigger=trigger,
+            collection_name=locked.collection.name,
+            lease_expires_at=_resend_deadline(),
+        )
         enqueue_sync(run.pk)
     return SyncStart(run=run, started=True)
 
@@ -382,6 +387,9 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
     if not claimed:
         return None
     run = SyncRun.objects.select_related("source__collection").get(pk=run_id)
+    if run.collection_name != run.source.collection.name:  # the source moved while the run was queued
+        run.collection_name = run.source.collection.name
+        SyncRun.objects.filter(pk=run_id).update(collection_name=run.collection_name)
     keeper = LeaseKeeper(
         lambda: _renew_lease(run_id), every=settings.KB_SYNC_LEASE_SECONDS / 3, name=f"sync-lease-{run_id}"
     )
