@@ -875,7 +875,14 @@ def test_admin_sync_now_needs_the_change_permission(handbook):
     assert page.status_code == 200 and sync_url not in page.content.decode()
     assert viewer.post(sync_url).status_code == 403
     assert not SyncRun.objects.exists()
-    curator = staff_client("curator", ["view_source", "change_source"])
+    # A source writes documents: its permissions alone do not let a curator add or remove them.
+    sources_only = staff_client("sources-only", ["view_source", "add_source", "change_source", "view_collection"])
+    assert sources_only.post(sync_url).status_code == 403
+    assert sources_only.get(reverse("admin:kb_source_add")).status_code == 403
+    assert not SyncRun.objects.exists()
+    documents = ["add_document", "change_document", "delete_document"]
+    curator = staff_client("curator", ["view_source", "add_source", "change_source", "view_collection", *documents])
+    assert curator.get(reverse("admin:kb_source_add")).status_code == 200
     assert curator.post(sync_url).status_code == 302
     assert SyncRun.objects.filter(source=source, status="queued").count() == 1
 

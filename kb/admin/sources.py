@@ -44,6 +44,16 @@ class SyncRunInline(admin.TabularInline):
         return runs.filter(pk__in=[run.pk for run in newest]).order_by("-created_at")
 
 
+# A source adds, updates and removes documents: making, changing or syncing one takes the curator's
+# own right to do that to documents, not only the source's permissions (a curator holding only
+# those had added documents through a source, and removed them by narrowing it).
+DOCUMENT_WRITES = ("kb.add_document", "kb.change_document", "kb.delete_document")
+
+
+def writes_documents(request: HttpRequest) -> bool:
+    return request.user.has_perms(DOCUMENT_WRITES)
+
+
 @admin.register(Source)
 class SourceAdmin(CuratedAdmin):
     form = SourceForm
@@ -53,6 +63,12 @@ class SourceAdmin(CuratedAdmin):
     search_fields = ["name", "folder", "sitemap_url"]
     inlines = [SyncRunInline]
     actions = ["sync_now"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return super().has_add_permission(request) and writes_documents(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Source | None = None) -> bool:
+        return super().has_change_permission(request, obj) and writes_documents(request)
 
     def get_urls(self) -> list[Any]:
         return [
