@@ -408,9 +408,10 @@ class SourceItem(models.Model):
 
     source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="items")
     uri = models.TextField()
-    # The document the source created. Deleted by anyone, it is no longer the source's: one
-    # ingested again by hand under the same URI had been removed by the source's next sync.
-    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="+")
+    # The document the source created. Deleted by anyone, it is no longer the source's (the
+    # database deletes this record with it, as it does chunks): one ingested again by hand under
+    # the same URI had been removed by the source's next sync.
+    document = models.ForeignKey(Document, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
     etag = models.TextField(blank=True, default="")
     last_modified = models.TextField(blank=True, default="")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from django.db import IntegrityError, connection, connections
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from kb.errors import ErrorCode, KBError
@@ -441,6 +442,20 @@ def test_a_document_the_source_brought_deleted_and_ingested_again_by_hand_is_no_
     (folder / "other.md").unlink()  # what the source did bring still goes
     assert counts(sync(source)) == expected(removed=1)
     assert uris(collection) == {by_hand.source_uri}
+
+
+def test_deleting_documents_a_source_brought_stays_one_statement_and_takes_their_records(roots, collection):
+    """The records go with their documents in the database, as chunks do: with Django's cascade,
+    every delete of documents had first read each whole row (its text too) into the process."""
+    folder = roots / "docs"
+    write(folder, "a.md", "b.md")
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    assert counts(sync(source)) == expected(added=2, total=2)
+    with CaptureQueriesContext(connection) as queries:
+        Document.objects.filter(collection=collection).delete()
+    statements = [query["sql"] for query in queries.captured_queries]
+    assert not [sql for sql in statements if sql.startswith("SELECT")], statements
+    assert not SourceItem.objects.filter(source=source).exists()
 
 
 def test_links_are_judged_by_where_they_lead(roots, collection):
@@ -904,6 +919,7 @@ def test_a_sitemap_lists_the_pages_and_a_page_dropped_from_it_is_removed(collect
         ("&gone;", "''"),
         ("ftp://example.org/p3", "'ftp://example.org/p3'"),
         ("http:///p3", "'http:///p3'"),
+        ("http://[::1/p3", "'http://[::1/p3'"),  # urlsplit raises: the run had failed as an internal error
     ],
 )
 def test_a_sitemap_location_that_is_no_page_url_is_reported_and_nothing_is_removed(collection, site, location, shown):

@@ -25,7 +25,11 @@ class Migration(migrations.Migration):
             model_name="sourceitem",
             name="document",
             field=models.ForeignKey(
-                null=True, on_delete=django.db.models.deletion.CASCADE, related_name="+", to="kb.document"
+                db_constraint=False,
+                null=True,
+                on_delete=django.db.models.deletion.DO_NOTHING,
+                related_name="+",
+                to="kb.document",
             ),
         ),
         migrations.RunSQL([LINK_ITEMS, DROP_ORPHANS], reverse_sql=migrations.RunSQL.noop),

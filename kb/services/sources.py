@@ -676,7 +676,11 @@ def _sitemap_locations(url: str) -> tuple[str, list[str], list[str]]:
     locations, unusable = [], []
     for element in root.iter(f"{SITEMAP_NAMESPACE}loc", "loc"):
         location = (element.text or "").strip()
-        parts = urllib.parse.urlsplit(location)
+        try:
+            parts = urllib.parse.urlsplit(location)
+        except ValueError:  # "http://[::1": a bracket that never closes
+            unusable.append(location)
+            continue
         if parts.scheme in ("http", "https") and parts.netloc:  # urlsplit lower-cases the scheme: HTTP:// too
             locations.append(parts.scheme + location[len(parts.scheme) :])
         else:
