@@ -79,7 +79,7 @@ def test_child_rows_are_removed_by_database_cascades(db):
         )
         cascades = cursor.fetchall()
     tables = sorted(table for table, action in cascades if action == "c")
-    assert tables == ["kb_chunk", "kb_chunk", "kb_document", "kb_embedding", "kb_embedding"]
+    assert tables == ["kb_chunk", "kb_chunk", "kb_document", "kb_embedding", "kb_embedding", "kb_sourceitem"]
 
 
 def reloptions(index: str) -> list[str]:
