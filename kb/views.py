@@ -1,6 +1,3 @@
-import functools
-from collections.abc import Callable
-
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
@@ -8,38 +5,24 @@ from django.views import csrf, defaults
 from django.views.decorators.csrf import csrf_exempt
 
 from kb.api.auth import sees_health_details
-from kb.api.errors import method_not_allowed
+from kb.api.errors import read_only
 from kb.errors import ErrorCode, KBError
 from kb.selectors.health import health_report, ready
 
 
-def read_only_json(view: Callable[[HttpRequest], JsonResponse]) -> Callable[[HttpRequest], JsonResponse]:
-    """A probe takes GET and HEAD; any other method is a JSON 405 (it had been Django's HTML CSRF
-    page: a POST is no cross-site write here, there is nothing to write)."""
-
-    @csrf_exempt
-    @functools.wraps(view)
-    def probe(request: HttpRequest) -> JsonResponse:
-        if request.method not in ("GET", "HEAD"):
-            return method_not_allowed(request, ["GET", "HEAD"])
-        return view(request)
-
-    return probe
-
-
-@read_only_json
+@read_only
 def health(request: HttpRequest) -> JsonResponse:
     report = health_report(detailed=sees_health_details(request))
     return JsonResponse(report, status=503 if report["status"] == "error" else 200)
 
 
-@read_only_json
+@read_only
 def liveness(request: HttpRequest) -> JsonResponse:
     """The process answers (container health checks); readiness, with its dependencies, is /health/ready."""
     return JsonResponse({"status": "ok"})
 
 
-@read_only_json
+@read_only
 def readiness(request: HttpRequest) -> JsonResponse:
     """503 until the database, the broker and a worker for every queue are there (details: /health)."""
     ok = ready()

@@ -57,11 +57,19 @@ def test_a_write_to_a_path_that_names_no_endpoint_is_a_json_404(method, path):
     assert error_of(response) == (404, "NOT_FOUND")
 
 
+@pytest.mark.parametrize("method", ["post", "put", "delete", "trace", "options"])
 @pytest.mark.parametrize("path", ["/api/openapi.json", "/api/docs"])
-def test_a_write_to_the_api_s_own_pages_is_refused_in_json(path):
-    response = Client(enforce_csrf_checks=True).put(path)
+def test_the_api_s_own_pages_take_only_reads(path, method):
+    # With CSRF checked, as a browser's request is: a PUT had been a 403, TRACE the whole schema.
+    response = getattr(Client(enforce_csrf_checks=True), method)(path)
     assert response["Content-Type"] == "application/json"
-    assert error_of(response) == (403, "PERMISSION_DENIED")
+    assert error_of(response) == (405, "METHOD_NOT_ALLOWED")
+    assert response["Allow"] == "GET, HEAD"
+
+
+@pytest.mark.parametrize("path", ["/api/openapi.json", "/api/docs"])
+def test_the_api_s_own_pages_answer_reads(client, path):
+    assert client.get(path).status_code == 200 and client.head(path).status_code == 200
 
 
 def test_a_refused_cross_site_form_elsewhere_keeps_django_s_page():

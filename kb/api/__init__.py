@@ -9,7 +9,7 @@ from ninja.operation import Operation
 
 from kb.api import collections, documents, search, sources
 from kb.api.auth import BearerToken, JsonBodies
-from kb.api.errors import install_error_handlers
+from kb.api.errors import install_error_handlers, read_only
 
 
 class KnowledgeBaseAPI(NinjaAPI):
@@ -30,6 +30,7 @@ api = KnowledgeBaseAPI(
     urls_namespace="api",
     auth=BearerToken(),
     parser=JsonBodies(),
+    docs_decorator=read_only,
 )
 install_error_handlers(api)
 api.add_router("/collections", collections.router)

@@ -4,6 +4,7 @@ Services raise KBError; the handlers below also translate what Django and django
 (invalid input, oversized requests, database failures) into the same shape.
 """
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from django.core.exceptions import SuspiciousOperation
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
 from ninja.errors import HttpError, ValidationError
 
@@ -99,3 +101,19 @@ def method_not_allowed(request: HttpRequest, methods: list[str]) -> JsonResponse
 
 
 method_not_allowed_as_json = request_middleware(translate=_method_not_allowed_as_json)
+
+
+def read_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A view that only reads (the health probes, the OpenAPI schema and its documentation page)
+    takes GET and HEAD; any other method is a JSON 405. It had been Django's HTML CSRF page for a
+    POST (there is nothing to write, so no cross-site write to refuse), and the schema had answered
+    TRACE and OPTIONS with its whole text."""
+
+    @csrf_exempt
+    @functools.wraps(view)
+    def reader(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            return method_not_allowed(request, ["GET", "HEAD"])
+        return view(request, *args, **kwargs)
+
+    return reader
