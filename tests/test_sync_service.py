@@ -343,6 +343,64 @@ def test_the_error_of_a_folder_that_is_gone_says_nothing_was_removed(roots, coll
     assert "nothing was removed" in run.error, run.error
 
 
+def _path_too_long_below(folder: Path) -> Path:
+    """Folders nested below ``folder`` until the whole path is longer than the system opens by name
+    (PATH_MAX, 4,096 bytes on Linux); made one by one relative to the last, which the system allows."""
+    path, descriptor = folder, os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        while len(os.fsencode(path)) <= 4096:
+            os.mkdir("d" * 250, dir_fd=descriptor)
+            inner = os.open("d" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=descriptor)
+            os.close(descriptor)
+            descriptor, path = inner, path / ("d" * 250)
+    finally:
+        os.close(descriptor)
+    return path
+
+
+def test_a_path_too_long_to_list_keeps_no_other_removal_from_happening(roots, collection):
+    # It had: every sync of the source failed with "nothing was removed", for as long as it was there.
+    folder = roots / "docs"
+    write(folder, "a.md", "b.md", "sub/c.md")
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    assert counts(sync(source)) == expected(added=3, total=3)
+    too_long = _path_too_long_below(folder / "sub")
+    (folder / "b.md").unlink()
+    run = sync(source)
+    assert run.status == SyncStatus.FAILED
+    assert run.error == f"Cannot list {too_long}: File name too long; nothing inside it was removed"
+    assert run.removed == 1
+    assert uris(collection) == file_uris(folder, "a.md", "sub/c.md")
+
+
+def test_a_subfolder_that_cannot_be_listed_keeps_its_own_documents(roots, collection, monkeypatch):
+    folder = roots / "docs"
+    write(folder, "a.md", "b.md", "locked/c.md", "locked/deeper/d.md", "locked-not/e.md")
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    assert counts(sync(source)) == expected(added=5, total=5)
+    (folder / "b.md").unlink()
+    (folder / "locked-not" / "e.md").unlink()
+    locked, scandir = (folder / "locked").resolve(), os.scandir
+
+    def refused(path: str) -> Iterator[os.DirEntry]:
+        # A folder whose permissions were taken away: the tests run as root, whom chmod does not stop.
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr("kb.ingestion.sources.os.scandir", refused)
+    run = sync(source)
+    assert run.error == f"Cannot list {locked}: Permission denied; nothing inside it was removed"
+    assert uris(collection) == file_uris(folder, "a.md", "locked/c.md", "locked/deeper/d.md")
+    assert run.removed == 2
+
+    monkeypatch.setattr("kb.ingestion.sources.os.scandir", scandir)
+    (folder / "locked" / "c.md").unlink()
+    run = sync(source)
+    assert run.status == SyncStatus.SUCCEEDED and run.removed == 1
+    assert uris(collection) == file_uris(folder, "a.md", "locked/deeper/d.md")
+
+
 def test_a_url_source_whose_sitemap_cannot_be_fetched_removes_nothing(collection, site):
     site.page("/p1", "Page one")
     site.page("/p2", "Page two")

@@ -16,6 +16,7 @@ and starts the syncs of sources that are due.
 
 import fnmatch
 import logging
+import os
 import re
 import time
 import urllib.parse
@@ -336,10 +337,17 @@ class _Scan:
     candidates: list[Any]
     problems: list[str] = field(default_factory=list)
     folder: Path | None = None  # a folder source's folder, resolved
+    # A folder source's subfolders that could not be listed: the documents from inside them stay.
+    unlisted: list[Path] = field(default_factory=list)
 
-    @property
-    def complete(self) -> bool:
-        return not self.problems
+    def removable(self, uri: str) -> bool:
+        """Whether the document of ``uri``, which the scan did not find, may be removed: when the
+        scan was complete, or when only subfolders of the folder could not be listed and it lay in
+        none of them. One unreadable subfolder (or a path too long to open) had kept a source from
+        removing anything, for as long as it stayed."""
+        if self.folder is None or self.folder in self.unlisted:
+            return not self.problems
+        return not any(uri.startswith(f"{folder.as_uri()}/") for folder in self.unlisted)
 
 
 class _Progress:
@@ -468,12 +476,14 @@ def _sync(source: Source, progress: _Progress) -> list[str]:
         else:
             seen.add(_sync_url(source, candidate, items, progress))
         progress.item_done()
-    if not scan.complete:
-        run.error = f"{scan.problems[0]}; nothing was removed" + (
+    gone = [uri for uri in items if uri not in seen and scan.removable(uri)]
+    if scan.problems:
+        partial = scan.folder is not None and scan.folder not in scan.unlisted
+        kept = "nothing inside it was removed" if partial else "nothing was removed"
+        run.error = f"{scan.problems[0]}; {kept}" + (
             f" ({len(scan.problems) - 1} more)" if len(scan.problems) > 1 else ""
         )
-        return []
-    return [uri for uri in items if uri not in seen]
+    return gone
 
 
 def _remove(source: Source, gone: list[str]) -> int:
@@ -488,17 +498,18 @@ def _remove(source: Source, gone: list[str]) -> int:
 
 def _scan_folder(source: Source) -> _Scan:
     folder = confine(Path(source.folder), source_file_roots())  # the roots may have changed since
-    problems: list[str] = []
+    scan = _Scan(candidates=[], folder=folder)
 
     def unreadable(error: OSError) -> None:
-        problems.append(f"Cannot list {error.filename}: {error.strerror}")
+        scan.unlisted.append(Path(os.fsdecode(error.filename)) if error.filename else folder)
+        scan.problems.append(f"Cannot list {error.filename}: {error.strerror}")
 
-    candidates = [
+    scan.candidates = [
         path
         for path in walk_folder(folder, recursive=source.recursive, on_error=unreadable)
         if _selected(_seen_from(folder, path), source.include, source.exclude)
     ]
-    return _Scan(candidates=candidates, problems=problems, folder=folder)
+    return scan
 
 
 def _seen_from(folder: Path, path: Path) -> Path:
