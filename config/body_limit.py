@@ -13,11 +13,15 @@ pages get the refusal as a page, the rest as the API's JSON error.
 """
 
 import html
+from importlib import import_module
+from types import SimpleNamespace
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.contrib.auth import get_user
 from django.db import connections
-from django.urls import Resolver404, resolve
+from django.http.cookie import parse_cookie
+from django.urls import Resolver404, ResolverMatch, resolve
 from starlette.datastructures import Headers
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -63,19 +67,22 @@ class _BodyTooLarge(Exception):
 
 
 # The views that take files, by their URL names.
-FILE_VIEWS = frozenset({"api:upload_documents", "admin:kb_document_add"})
+ADMIN_UPLOAD = "admin:kb_document_add"
+FILE_VIEWS = frozenset({"api:upload_documents", ADMIN_UPLOAD})
 
 
-def takes_files(path: str) -> bool:
+def file_view(path: str) -> ResolverMatch | None:
+    """The view that takes files ``path`` names, if it names one."""
     try:
-        return resolve(path).view_name in FILE_VIEWS
+        match = resolve(path)
     except Resolver404:
-        return False
+        return None
+    return match if match.view_name in FILE_VIEWS else None
 
 
 def body_limit(path: str, headers: Headers) -> tuple[int, str]:
     """The most bytes this request's body may hold, and the setting that says so."""
-    if headers.get("content-type", "").lower().startswith("multipart/form-data") and takes_files(path):
+    if headers.get("content-type", "").lower().startswith("multipart/form-data") and file_view(path):
         return settings.KB_UPLOAD_MAX_BYTES, "KB_UPLOAD_MAX_BYTES"
     return settings.DATA_UPLOAD_MAX_MEMORY_SIZE, "KB_UPLOAD_MAX_MEMORY_BYTES"
 
@@ -90,9 +97,9 @@ class BodyLimit:
             return
         headers = Headers(scope=scope)
         limit, setting = body_limit(scope["path"], headers)
-        if limit > settings.DATA_UPLOAD_MAX_MEMORY_SIZE and scope["path"].startswith("/api/"):
-            try:  # files to the API: the caller may write, or none of them is read
-                await _may_write(scope, headers)
+        if limit > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
+            try:  # files: the caller may add them there, or none of them is read
+                await sync_to_async(_may_upload, thread_sensitive=False)(scope, headers)
             except KBError as error:
                 await refuse(scope, receive, send, error, error.http_status)
                 return
@@ -125,24 +132,31 @@ class BodyLimit:
             await _refuse(scope, receive, send, limit, setting)
 
 
-async def _may_write(scope: Scope, headers: Headers) -> None:
-    """The API's access decision, taken before a file upload's body is read (the view takes it
-    again): a made-up token's 401 had come after 256 MB were written to a temporary file."""
-    client = scope.get("client")
+def _may_upload(scope: Scope, headers: Headers) -> None:
+    """The access decision of a view that takes files, taken before the body is read (the view
+    takes it again): a made-up token's 401 had come after 256 MB were written to a temporary file,
+    and so had the admin's answer to a caller who had not even signed in."""
+    match = file_view(scope["path"])
+    try:
+        if match is not None and match.view_name == ADMIN_UPLOAD:
+            _require_curator(headers)
+            return
+        client = scope.get("client")
+        access = request_access(headers=headers, client_address=client[0] if client else None)
+        access.require(TokenScope.WRITE)
+        if match is not None:
+            access.collection(match.kwargs["name"])  # one it may see, which exists
+    finally:
+        connections.close_all()  # this thread's
 
-    def decide() -> None:
-        try:
-            request_access(
-                authorization=headers.get("authorization"),
-                client_address=client[0] if client else None,
-                host=headers.get("host"),
-                origin=headers.get("origin"),
-                fetch_site=headers.get("sec-fetch-site"),
-            ).require(TokenScope.WRITE)
-        finally:
-            connections.close_all()  # this thread's, if the token was looked up
 
-    await sync_to_async(decide, thread_sensitive=False)()
+def _require_curator(headers: Headers) -> None:
+    """A signed-in curator who may add documents, as the admin's session says."""
+    cookies = parse_cookie(headers.get("cookie", ""))
+    session = import_module(settings.SESSION_ENGINE).SessionStore(cookies.get(settings.SESSION_COOKIE_NAME))
+    user = get_user(SimpleNamespace(session=session))  # checks the session against the password, as Django does
+    if not (user.is_active and user.is_staff and user.has_perm("kb.add_document")):
+        raise KBError(ErrorCode.PERMISSION_DENIED, "Sign in to the admin as a curator who may add documents")
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int, setting: str) -> None:

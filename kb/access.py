@@ -16,7 +16,7 @@ in listings and search results too (``Access.collection`` / ``Access.document``)
 """
 
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -106,20 +106,23 @@ class Access:
 FULL_ACCESS = Access(scope=TokenScope.ADMIN)
 
 
-def request_access(
-    *,
-    authorization: str | None,
-    client_address: str | None,
-    host: str | None = None,
-    origin: str | None = None,
-    fetch_site: str | None = None,
-) -> Access:
-    """The access of one request. ``origin`` and ``fetch_site`` are its Origin and Sec-Fetch-Site
-    headers, which browsers set and pages cannot forge; other clients usually send neither.
-    ``host`` is its Host header: a browser's request is ours only from a page of the same origin."""
-    refuse_cross_site(origin=origin, fetch_site=fetch_site, host=host)
+# Sent with every request the server's own fetcher makes (kb.ingestion.sources). A URL a caller
+# ingests may lead back to this server, from loopback, where no token is needed: the fetch must not
+# lend the caller that access (a token limited to one collection had read another by ingesting its
+# API's URL, with loopback allowed to the fetcher). Anyone may send it; it only takes access away.
+FETCHED_FOR_A_CALLER = "X-KB-Fetched-For-A-Caller"
+
+
+def request_access(*, headers: Mapping[str, str], client_address: str | None) -> Access:
+    """The access of one request, from its headers (any mapping whose ``get`` ignores case) and the
+    address it comes from. Its Origin and Sec-Fetch-Site headers are set by browsers and cannot be
+    forged by pages; other clients usually send neither. Its Host: a browser's request is ours only
+    from a page of the same origin."""
+    refuse_cross_site(origin=headers.get("origin"), fetch_site=headers.get("sec-fetch-site"), host=headers.get("host"))
+    authorization = headers.get("authorization")
     if not authorization:
-        if settings.KB_REQUIRE_AUTH or not is_loopback(client_address):
+        trusted = is_loopback(client_address) and not headers.get(FETCHED_FOR_A_CALLER)
+        if settings.KB_REQUIRE_AUTH or not trusted:
             raise KBError(ErrorCode.UNAUTHORIZED, "An API token is required: send 'Authorization: Bearer <token>'")
         return FULL_ACCESS
     scheme, _, raw = authorization.partition(" ")

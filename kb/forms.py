@@ -260,7 +260,9 @@ class ApiTokenForm(forms.ModelForm):
             scope = self.fields["scope"]
             scope.choices = [(value, label) for value, label in scope.choices if value in self.grantable]
             if not self.grantable:
-                scope.help_text = "Your account may not hand out tokens: it needs to view collections and documents."
+                scope.help_text = (
+                    "Your account may not hand out tokens: it needs to view collections, documents, chunks and sources."
+                )
 
     def clean_expires_at(self) -> Any:
         expires_at = self.cleaned_data.get("expires_at")

@@ -28,14 +28,7 @@ from mcp_endpoint.tooling import in_thread
 
 async def scope_access(scope: Scope, headers: Headers) -> Access:
     client = scope.get("client")
-    decide = functools.partial(
-        request_access,
-        authorization=headers.get("authorization"),
-        client_address=client[0] if client else None,
-        host=headers.get("host"),
-        origin=headers.get("origin"),
-        fetch_site=headers.get("sec-fetch-site"),
-    )
+    decide = functools.partial(request_access, headers=headers, client_address=client[0] if client else None)
     # Only a token needs the database; everything else is decided without a thread.
     return await in_thread(decide) if headers.get("authorization") else decide()
 

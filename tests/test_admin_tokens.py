@@ -69,7 +69,7 @@ def test_only_users_allowed_to_change_tokens_may_revoke(db):
     assert client.get(ADD).status_code == 403
 
 
-READER = ["view_collection", "view_document", "view_source", "view_syncrun"]
+READER = ["view_collection", "view_document", "view_chunk", "view_source", "view_syncrun"]
 
 
 def test_a_curator_hands_out_no_scope_beyond_their_own_permissions(db):
@@ -91,6 +91,28 @@ def test_a_curator_hands_out_no_scope_beyond_their_own_permissions(db):
     with pytest.raises(KBError) as refused_by_service:
         token_create(name="escalate", scope="admin", created_by=user)
     assert refused_by_service.value.code == "PERMISSION_DENIED"
+
+
+def test_reading_chunks_takes_the_permission_to_view_them(db):
+    """A curator without view_chunk had minted a read token, whose searches answer with chunks' text."""
+    no_chunks = staff_client("no-chunks", ["add_apitoken", *(p for p in READER if p != "view_chunk")])
+    assert 'value="read"' not in no_chunks.get(ADD).content.decode()
+    assert no_chunks.post(ADD, {"name": "mine", "scope": "read"}).status_code == 200
+    assert not ApiToken.objects.exists()
+
+
+def test_collections_are_named_only_to_who_may_view_them(db):
+    make_collection("secret-plans")
+    token_create(name="limited", collections=["secret-plans"])
+    token = ApiToken.objects.get()
+    pages = (ADD, LIST, reverse("admin:kb_apitoken_change", args=[token.pk]))
+    only_tokens = staff_client("tokens", ["add_apitoken", "view_apitoken", "change_apitoken"])
+    for page in pages:
+        response = only_tokens.get(page)
+        assert response.status_code == 200 and "secret-plans" not in response.content.decode(), page
+    viewer = staff_client("viewer", ["add_apitoken", "view_apitoken", "change_apitoken", "view_collection"])
+    for page in pages:
+        assert "secret-plans" in viewer.get(page).content.decode(), page
 
 
 def test_a_token_cannot_expire_before_it_is_made(admin_client):

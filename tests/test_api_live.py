@@ -1,12 +1,19 @@
 """The REST API served by the real ASGI host under uvicorn: Schemathesis over its OpenAPI
 document, and the walk-through a new user does with curl and /api/docs."""
 
+import json
 import socket
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 import schemathesis
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
 from hypothesis import HealthCheck, Phase, given, strategies
 from hypothesis import settings as hypothesis_settings
 from schemathesis.checks import not_a_server_error
@@ -28,16 +35,21 @@ EXAMPLES_PER_OPERATION = 25
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
-@pytest.fixture(scope="module")
-def api_url(django_db_setup, tmp_path_factory):
-    """uvicorn serving config.asgi on a free port, shared by the tests of this module."""
+def _uvicorn(log_folder: Path, **env: str) -> Iterator[str]:
+    """uvicorn serving config.asgi on a free port, with ``env`` on top of the tests' environment."""
     port = free_port()
     command = [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
-    server = ChildProcess(command, child_env(), tmp_path_factory.mktemp("uvicorn") / "uvicorn.log")
+    server = ChildProcess(command, {**child_env(), **env}, log_folder / "uvicorn.log")
     wait_for(lambda: _listening(port) or not server.alive(), timeout=60, what="uvicorn to listen")
     assert server.alive(), server.log()
     yield f"http://127.0.0.1:{port}"
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def api_url(django_db_setup, tmp_path_factory):
+    """The server shared by the tests of this module."""
+    yield from _uvicorn(tmp_path_factory.mktemp("uvicorn"))
 
 
 def _listening(port: int) -> bool:
@@ -178,10 +190,96 @@ def _post_11_mb_of_files(url: str, token: str | None = "kb_made_up") -> httpx.Re
 
 
 def test_an_upload_may_be_larger_than_other_bodies(api_url):
-    """Files go up to KB_UPLOAD_MAX_BYTES: 11 MB of upload reaches the view (which finds no such collection)."""
-    response = _post_11_mb_of_files(f"{api_url}/api/collections/no-such/uploads", token=None)  # loopback: allowed
-    assert response.status_code == 404, response.text
-    assert response.json()["error"]["code"] == "COLLECTION_NOT_FOUND"
+    """Files go up to KB_UPLOAD_MAX_BYTES: 11 MB of upload reaches the view, which reads the form
+    (and refuses its content type)."""
+    collection_create(name="docs")
+    body = ELEVEN_MB_OF_FILES.replace(
+        f"--{BOUNDARY}--".encode(),
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="content_type"\r\n\r\nno/such\r\n--{BOUNDARY}--'.encode(),
+    )
+    headers = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}  # loopback: no token needed
+    response = httpx.post(f"{api_url}/api/collections/docs/uploads", content=body, headers=headers, timeout=60)
+    assert response.status_code == 400, response.text
+    assert "no/such" in response.json()["error"]["message"]
+
+
+def test_an_upload_to_a_collection_the_token_cannot_see_is_refused_before_its_body_is_read(api_url):
+    """A token limited to one collection had sent 200 MB to another before hearing it is not found."""
+    collection_create(name="docs")
+    collection_create(name="hidden")
+    token = token_create(name="docs-writer", scope="write", collections=["docs"])[1]
+    for collection in ("hidden", "no-such"):
+        with _raw_request(
+            api_url,
+            f"POST /api/collections/{collection}/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: {200 * 1024 * 1024}\r\n",
+        ) as sock:
+            status, body = _response(sock)  # no byte of the body was sent
+        assert status == 404 and b'"COLLECTION_NOT_FOUND"' in body
+
+
+def _admin_session(**permissions: bool) -> str:
+    """The session cookie of a staff user (with kb.add_document if ``add_document``)."""
+    user = get_user_model().objects.create_user(f"staff-{len(permissions)}", password="x", is_staff=True)
+    if permissions.get("add_document"):
+        user.user_permissions.add(Permission.objects.get(codename="add_document"))
+    client = Client()
+    client.force_login(user)
+    return client.cookies[settings.SESSION_COOKIE_NAME].value
+
+
+@pytest.mark.parametrize("who", ["nobody", "staff without add_document"])
+def test_files_for_the_admin_from_anyone_but_a_curator_are_refused_before_they_are_read(api_url, who):
+    """The admin's upload page had taken 256 MB from anyone, to disk, before its login check."""
+    cookie = "" if who == "nobody" else f"Cookie: {settings.SESSION_COOKIE_NAME}={_admin_session()}\r\n"
+    with _raw_request(
+        api_url,
+        f"POST /admin/kb/document/add/ HTTP/1.1\r\nHost: 127.0.0.1\r\n{cookie}"
+        f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {200 * 1024 * 1024}\r\n",
+    ) as sock:
+        status, body = _response(sock)  # no byte of the body was sent
+    assert status == 403 and b"Not sent" in body and b"curator who may add documents" in body
+
+
+def test_files_for_the_admin_from_a_curator_reach_it(api_url):
+    cookie = _admin_session(add_document=True)
+    response = httpx.post(
+        f"{api_url}/admin/kb/document/add/",
+        content=ELEVEN_MB_OF_FILES,
+        headers={"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"},
+        cookies={settings.SESSION_COOKIE_NAME: cookie},
+        timeout=60,
+    )
+    # Read, then refused by Django's own check: the request carries no CSRF token.
+    assert response.status_code == 403 and "CSRF" in response.text and "Not sent" not in response.text
+
+
+@pytest.fixture
+def fetching_api_url(django_db_setup, tmp_path):
+    """A server whose fetcher may reach loopback (KB_FETCH_ALLOWED_PRIVATE_HOSTS), itself included."""
+    yield from _uvicorn(tmp_path, KB_FETCH_ALLOWED_PRIVATE_HOSTS="127.0.0.1")
+
+
+def test_the_server_s_own_fetcher_lends_no_access_to_the_caller(fetching_api_url):
+    """With loopback allowed to the fetcher, a token limited to one collection had read another by
+    ingesting this server's own API: the fetch came from loopback, where no token is needed."""
+    api_url = fetching_api_url
+    team = collection_create(name="team")
+    hr = collection_create(name="hr")
+    document_create_from_text(collection=hr, source_uri="hr://salaries", text="Salary of Alice: 250000 EUR")
+    token = token_create(name="team-writer", scope="write", collections=["team"])[1]
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+        ingest = {"uri": f"{api_url}/api/collections/hr/documents", "content_type": "text"}
+        response = http.post("/api/collections/team/documents", json=ingest)
+        assert response.status_code == 502, response.text
+        assert response.json()["error"]["code"] == "LOAD_FAILED" and "401" in response.json()["error"]["message"]
+        assert not team.documents.exists()
+        # /health answers anyone, its details (paths, versions) only an admin.
+        response = http.post("/api/collections/team/documents", json={**ingest, "uri": f"{api_url}/health"})
+        assert response.status_code == 200, response.text
+    checks = json.loads(team.documents.get().raw_content)["checks"]
+    assert checks and all(set(check) == {"ok"} for check in checks.values()), checks
 
 
 @pytest.mark.parametrize(("token", "code"), [("kb_made_up", "UNAUTHORIZED"), ("reader", "PERMISSION_DENIED")])

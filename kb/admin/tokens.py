@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from kb.admin.common import CuratedAdmin, adopt, run_each
 from kb.forms import ApiTokenForm
-from kb.models import ApiToken
+from kb.models import ApiToken, Collection
 from kb.services.tokens import scopes_grantable_by, token_create, token_revoke
 
 
@@ -36,7 +36,12 @@ class ApiTokenAdmin(CuratedAdmin):
     def get_form(self, request: HttpRequest, obj: ApiToken | None = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change=change, **kwargs)
         form.grantable = scopes_grantable_by(request.user)
+        if "collections" in form.base_fields and not request.user.has_perm("kb.view_collection"):
+            form.base_fields["collections"].queryset = Collection.objects.none()  # not even their names
         return form
+
+    def get_list_display(self, request: HttpRequest) -> list[str]:
+        return _collections_seen_by(request, super().get_list_display(request))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ApiToken]:
         return super().get_queryset(request).prefetch_related("collections")
@@ -44,18 +49,21 @@ class ApiTokenAdmin(CuratedAdmin):
     def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         if obj is None:
             return ["name", "scope", "collections", "expires_at"]
-        return [
-            "name",
-            "prefix",
-            "scope",
-            "collections_column",
-            "state",
-            "created_by",
-            "created_at",
-            "last_used_at",
-            "expires_at",
-            "revoked_at",
-        ]
+        return _collections_seen_by(
+            request,
+            [
+                "name",
+                "prefix",
+                "scope",
+                "collections_column",
+                "state",
+                "created_by",
+                "created_at",
+                "last_used_at",
+                "expires_at",
+                "revoked_at",
+            ],
+        )
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         # A token is not edited: revoke it and create another. Only its hash is stored anyway.
@@ -113,3 +121,8 @@ class ApiTokenAdmin(CuratedAdmin):
             done="Revoked {count} token{s}.",
             name=lambda token: token[1],
         )
+
+
+def _collections_seen_by(request: HttpRequest, fields: list[str]) -> list[str]:
+    """A token's collections are named only to a curator who may view collections."""
+    return fields if request.user.has_perm("kb.view_collection") else [f for f in fields if f != "collections_column"]

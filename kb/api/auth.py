@@ -31,13 +31,7 @@ class JsonBodies(Parser):
 
 
 def access_of_request(request: HttpRequest) -> Access:
-    return request_access(
-        authorization=request.headers.get("Authorization"),
-        client_address=request.META.get("REMOTE_ADDR"),
-        host=request.headers.get("Host"),
-        origin=request.headers.get("Origin"),
-        fetch_site=request.headers.get("Sec-Fetch-Site"),
-    )
+    return request_access(headers=request.headers, client_address=request.META.get("REMOTE_ADDR"))
 
 
 class BearerToken(HttpBearer):

@@ -31,6 +31,7 @@ from urllib.parse import SplitResult, unquote, unquote_to_bytes, urljoin, urlspl
 
 from django.conf import settings
 
+from kb.access import FETCHED_FOR_A_CALLER
 from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import supported_extension
 from kb.models import SOURCE_URI_MAX_LENGTH
@@ -590,7 +591,10 @@ def _fetch_once(
     host_header = host if target.port == default_port else f"{host}:{target.port}"
     request = client.build_request(
         "GET", pinned,
-        headers={"Host": host_header, "User-Agent": "kb-ingest/1.0", "Accept-Encoding": ENCODINGS, **conditions},
+        headers={
+            "Host": host_header, "User-Agent": "kb-ingest/1.0", "Accept-Encoding": ENCODINGS,
+            FETCHED_FOR_A_CALLER: "1", **conditions,
+        },
         extensions={"sni_hostname": target.host},
     )  # fmt: skip
     response = client.send(request, stream=True)

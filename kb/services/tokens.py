@@ -20,7 +20,9 @@ TOKEN_NAME_MAX_LENGTH = ApiToken._meta.get_field("name").max_length
 # than the person who made it could (a staff user allowed only to add tokens had minted admin ones).
 # Each scope needs its own permissions and those of the scopes below it.
 SCOPE_PERMISSIONS = {
-    TokenScope.READ: ("kb.view_collection", "kb.view_document", "kb.view_source", "kb.view_syncrun"),
+    # Chunks too: a read token's searches answer with chunks' whole text, which the admin shows only
+    # with view_chunk (a curator without it had minted a read token to read them).
+    TokenScope.READ: ("kb.view_collection", "kb.view_document", "kb.view_chunk", "kb.view_source", "kb.view_syncrun"),
     TokenScope.WRITE: (
         "kb.add_collection",
         "kb.add_document",
