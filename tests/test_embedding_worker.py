@@ -219,3 +219,37 @@ def test_a_worker_s_heartbeat_with_its_queues_lasts_while_it_runs(tmp_path, clie
     finally:
         worker.stop()
     assert not WorkerHeartbeat.objects.filter(pk=beat.pk).exists()
+
+
+def test_a_switch_of_models_while_a_document_embeds_leaves_it_with_the_new_model_s_vectors(settings):
+    """A worker that had loaded the collection before the switch embedded chunks written after it
+    with the old model and marked the document ready: no semantic search found them."""
+    from kb.services.embedding_pipeline import document_claim, document_embed
+    from kb.services.model_switch import collection_reembed_step
+    from tests.support.fake_providers import _ollama_embed
+    from tests.support.http_server import serve
+
+    collection = remote_collection(settings, name="switching", model="old-model")
+    document = document_create_from_text(collection=collection, source_uri="note://d", text=LONG_TEXT).document
+    switched = []
+
+    def old_model(handler, body):
+        if not switched:  # while the worker waits for its first batch: the switch, then a new version
+            switched.append(True)
+            moved = collection_switch_model(collection=collection, provider="openai", model_name="new-model")
+            while not collection_reembed_step(collection_id=moved.pk):
+                pass
+            document_create_from_text(collection=moved, source_uri="note://d", text=LONG_TEXT + "\n\nA new ending.")
+            connection.close()  # this server thread's
+        return _ollama_embed(handler, body)
+
+    with serve({"/api/embed": old_model}) as ollama, fake_openai() as openai:
+        settings.OLLAMA_HOST, settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY = ollama, openai, "sk-x"
+        assert document_claim(doc_id=document.pk)
+        assert document_embed(doc_id=document.pk) == DocumentStatus.READY
+    assert switched
+    document.refresh_from_db()
+    new_model = Collection.objects.get(pk=collection.pk).embedding_model
+    assert new_model.name == "new-model"
+    assert vectors_per_chunk(document, new_model.pk) == [1] * document.chunk_count
+    assert document.embedded_count == document.chunk_count and "A new ending." in document.raw_content

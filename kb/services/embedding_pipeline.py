@@ -81,26 +81,30 @@ def document_embed(*, doc_id: str) -> str:
 
     Raises EmbeddingError (retryable or not) with the document released back to pending.
     """
-    try:
-        document = Document.objects.select_related("collection").get(pk=doc_id)
-    except Document.DoesNotExist:
-        return "deleted"
-    collection = document.collection
-    try:
-        if not _embed_with(document, collection.embedding_model):
-            return "deleted"
-    except EmbeddingError as error:
-        document_release(doc_id=doc_id, error=error)
-        raise
-    if collection.next_embedding_model:
-        # Best effort: a failing next model must not fail documents that search can already use;
-        # the collection's re-embed task fills what is missing and records why it cannot.
+    while True:
         try:
-            if not _embed_with(document, collection.next_embedding_model):
+            document = Document.objects.select_related("collection").get(pk=doc_id)
+        except Document.DoesNotExist:
+            return "deleted"
+        collection = document.collection
+        try:
+            if not _embed_with(document, collection.embedding_model):
                 return "deleted"
         except EmbeddingError as error:
-            logger.warning("document %s: no vectors of %s yet: %s", doc_id, collection.next_embedding_model, error)
-    return _finish(doc_id, collection)
+            document_release(doc_id=doc_id, error=error)
+            raise
+        if collection.next_embedding_model:
+            # Best effort: a failing next model must not fail documents that search can already use;
+            # the collection's re-embed task fills what is missing and records why it cannot.
+            try:
+                if not _embed_with(document, collection.next_embedding_model):
+                    return "deleted"
+            except EmbeddingError as error:
+                logger.warning("document %s: no vectors of %s yet: %s", doc_id, collection.next_embedding_model, error)
+        status = _finish(doc_id, collection)
+        if status is not None:
+            return status
+        logger.info("document %s: its collection switched models while it was embedded; again", doc_id)
 
 
 def _embed_with(document: Document, model: EmbeddingModel) -> bool:
@@ -169,13 +173,19 @@ def refresh_embedded_counts(collection: Collection, documents: QuerySet[Document
     documents.update(embedded_count=Coalesce(Subquery(counts), 0))
 
 
-def _finish(doc_id: str, collection: Collection) -> str:
+def _finish(doc_id: str, collection: Collection) -> str | None:
+    """Mark the document ready if every chunk has a vector of the collection's model; None if the
+    collection searches with another model than the one it was embedded with (a switch finished
+    meanwhile: chunks added since then had been embedded with the old model and the document marked
+    ready, found by no semantic search)."""
     with transaction.atomic():
         try:
             document = document_lock(doc_id=doc_id)
         except KBError:
             return "deleted"
-        refresh_embedded_counts(collection, Document.objects.filter(pk=doc_id))
+        if document.collection.embedding_model_id != collection.embedding_model_id:
+            return None
+        refresh_embedded_counts(document.collection, Document.objects.filter(pk=doc_id))
         document.refresh_from_db(fields=["embedded_count", "chunk_count"])
         if document.embedded_count < document.chunk_count:
             # The content changed while we embedded: its new chunks have their own message.
