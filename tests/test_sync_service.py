@@ -587,6 +587,32 @@ def test_a_source_changed_while_it_runs_removes_nothing(roots, collection, monke
     assert uris(collection) == file_uris(folder, "a.md", "b.md")
 
 
+def test_a_document_written_after_the_scan_is_not_removed_by_it(roots, collection, monkeypatch):
+    """A caller who put a file back and ingested it while a sync ran was told it was stored; the
+    run, whose scan had not found the file, then deleted the document."""
+    from kb.services import sources
+
+    folder = roots / "docs"
+    write(folder, "a.md", "x.md", "gone.md")
+    source = source_create(collection=collection, name="docs", folder=str(folder))
+    assert counts(sync(source)) == expected(added=3, total=3)
+    (folder / "x.md").unlink()
+    (folder / "gone.md").unlink()
+    sync_file = sources._sync_file
+
+    def put_back_meanwhile(*args, **kwargs):
+        if not (folder / "x.md").exists():
+            write(folder, "x.md", version="second")
+            document_ingest(collection=collection, uri=str(folder / "x.md"), file_roots=[roots])
+        return sync_file(*args, **kwargs)
+
+    monkeypatch.setattr(sources, "_sync_file", put_back_meanwhile)
+    run = sync(source)
+    assert run.status == SyncStatus.SUCCEEDED and run.removed == 1
+    assert uris(collection) == file_uris(folder, "a.md", "x.md")
+    assert "second version" in Document.objects.get(source_uri=file_uris(folder, "x.md").pop()).raw_content
+
+
 @pytest.mark.django_db(transaction=True)  # each write commits, as in the worker
 def test_a_source_moved_while_it_runs_stops_and_never_takes_a_document_of_its_new_collection(
     roots, collection, monkeypatch

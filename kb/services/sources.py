@@ -402,7 +402,7 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
         lambda: _renew_lease(run_id), every=settings.KB_SYNC_LEASE_SECONDS / 3, name=f"sync-lease-{run_id}"
     )
     progress = _Progress(run, keeper)
-    gone: list[str] = []
+    gone: dict[str, str] = {}
     keeper.start()
     try:
         with bulk_work():
@@ -430,7 +430,7 @@ def sync_execute(*, run_id: str, worker: str = "") -> SyncRun | None:
                 raise _SourceGone()
             if gone and _scope(locked) != _scope(run.source):
                 run.error = "The source was changed while it ran; nothing was removed"
-                gone = []
+                gone = {}
             run.removed = _remove(run.source, gone)
             status = SyncStatus.SUCCEEDED if not run.error else SyncStatus.FAILED
             progress.write(status=status, error=run.error, finished_at=timezone.now())
@@ -462,9 +462,12 @@ def _given_up(run_id: str) -> SyncRun:
     return SyncRun.objects.get(pk=run_id)
 
 
-def _sync(source: Source, progress: _Progress) -> list[str]:
-    """Compare and ingest every item the scan finds; the URIs to remove (none unless the scan completed)."""
+def _sync(source: Source, progress: _Progress) -> dict[str, str]:
+    """Compare and ingest every item the scan finds; the documents to remove, each with the content
+    hash it had before the scan (none unless the scan completed, or only parts of a folder could
+    not be listed)."""
     run = progress.run
+    held = dict(source.items.values_list("document_id", "document__content_hash"))
     scan = _scan_folder(source) if source.kind == SourceKind.FOLDER else _scan_urls(source)
     run.total = len(scan.candidates)
     progress.write()
@@ -476,7 +479,11 @@ def _sync(source: Source, progress: _Progress) -> list[str]:
         else:
             seen.add(_sync_url(source, candidate, items, progress))
         progress.item_done()
-    gone = [uri for uri in items if uri not in seen and scan.removable(uri)]
+    gone = {
+        item.document_id: held[item.document_id]
+        for uri, item in items.items()
+        if uri not in seen and scan.removable(uri) and item.document_id in held
+    }
     if scan.problems:
         partial = scan.folder is not None and scan.folder not in scan.unlisted
         kept = "nothing inside it was removed" if partial else "nothing was removed"
@@ -486,13 +493,18 @@ def _sync(source: Source, progress: _Progress) -> list[str]:
     return gone
 
 
-def _remove(source: Source, gone: list[str]) -> int:
-    """Remove what the source brought and a complete scan no longer finds; the documents removed."""
-    if gone:
-        collection_index_lock(collection_id=source.collection_id)  # in the order writers take
-    # Its own documents only: the records go with them (SourceItem.document).
-    brought = SourceItem.objects.filter(source=source, uri__in=gone).values("document_id")
-    _, deleted = Document.objects.filter(collection=source.collection, pk__in=brought).delete()
+def _remove(source: Source, gone: dict[str, str]) -> int:
+    """Remove the source's documents a scan no longer found (``gone``: each one's content hash
+    before the scan) that still hold that content; the documents removed. One written since (its
+    file put back and ingested by a caller meanwhile) stays: the run had deleted it, although the
+    caller had been told it was stored."""
+    if not gone:
+        return 0
+    collection_index_lock(collection_id=source.collection_id)  # in the order writers take: none writes now
+    current = Document.objects.filter(collection=source.collection, pk__in=list(gone))
+    unchanged = [doc_id for doc_id, digest in current.values_list("pk", "content_hash") if gone[doc_id] == digest]
+    # The records go with their documents (SourceItem.document).
+    _, deleted = Document.objects.filter(pk__in=unchanged).delete()
     return deleted.get(Document._meta.label, 0)
 
 
