@@ -19,15 +19,15 @@ from types import SimpleNamespace
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.http.cookie import parse_cookie
 from django.urls import Resolver404, ResolverMatch, resolve
 from starlette.datastructures import Headers
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kb.access import request_access
-from kb.errors import ErrorCode, KBError
+from kb.access import refuse_cross_site, request_access
+from kb.errors import ErrorCode, KBError, database_error
 from kb.models import TokenScope
 
 # Headers the access decision reads (kb.access): given twice, Django joined them and the MCP door
@@ -139,6 +139,7 @@ def _may_upload(scope: Scope, headers: Headers) -> None:
     match = file_view(scope["path"])
     try:
         if match is not None and match.view_name == ADMIN_UPLOAD:
+            refuse_cross_site(headers)
             _require_curator(headers)
             return
         client = scope.get("client")
@@ -146,14 +147,22 @@ def _may_upload(scope: Scope, headers: Headers) -> None:
         access.require(TokenScope.WRITE)
         if match is not None:
             access.collection(match.kwargs["name"])  # one it may see, which exists
+    except DatabaseError as error:
+        raise database_error(error) from None
     finally:
         connections.close_all()  # this thread's
 
 
 def _require_curator(headers: Headers) -> None:
     """A signed-in curator who may add documents, as the admin's session says."""
-    cookies = parse_cookie(headers.get("cookie", ""))
-    session = import_module(settings.SESSION_ENGINE).SessionStore(cookies.get(settings.SESSION_COOKIE_NAME))
+    cookies = parse_cookie("; ".join(headers.getlist("cookie")))  # all of them, as Django joins them
+    key = cookies.get(settings.SESSION_COOKIE_NAME)
+    if key and "\x00" in key:  # no session's: the database would refuse the look-up itself
+        key = None
+    session = import_module(settings.SESSION_ENGINE).SessionStore(key)
+    # Read only: get_user deletes a session that no longer verifies and renews one signed with an
+    # old secret, which only the response Django sends may do (with the new cookie).
+    session.flush = session.cycle_key = lambda: None
     user = get_user(SimpleNamespace(session=session))  # checks the session against the password, as Django does
     if not (user.is_active and user.is_staff and user.has_perm("kb.add_document")):
         raise KBError(ErrorCode.PERMISSION_DENIED, "Sign in to the admin as a curator who may add documents")

@@ -118,7 +118,7 @@ def request_access(*, headers: Mapping[str, str], client_address: str | None) ->
     address it comes from. Its Origin and Sec-Fetch-Site headers are set by browsers and cannot be
     forged by pages; other clients usually send neither. Its Host: a browser's request is ours only
     from a page of the same origin."""
-    refuse_cross_site(origin=headers.get("origin"), fetch_site=headers.get("sec-fetch-site"), host=headers.get("host"))
+    refuse_cross_site(headers)
     authorization = headers.get("authorization")
     if not authorization:
         trusted = is_loopback(client_address) and not headers.get(FETCHED_FOR_A_CALLER)
@@ -142,8 +142,10 @@ def is_loopback(address: str | None) -> bool:
         return False
 
 
-def refuse_cross_site(*, origin: str | None, fetch_site: str | None, host: str | None) -> None:
-    if (fetch_site or "").strip().lower() == "cross-site" or not origin_allowed(origin, host=host):
+def refuse_cross_site(headers: Mapping[str, str]) -> None:
+    """A request a browser sends from another site (its Origin and Sec-Fetch-Site headers) is refused."""
+    fetch_site, host = headers.get("sec-fetch-site"), headers.get("host")
+    if (fetch_site or "").strip().lower() == "cross-site" or not origin_allowed(headers.get("origin"), host=host):
         raise KBError(
             ErrorCode.PERMISSION_DENIED,
             "Requests from another site are refused (Origin / Sec-Fetch-Site); "

@@ -261,7 +261,8 @@ class ApiTokenForm(forms.ModelForm):
             scope.choices = [(value, label) for value, label in scope.choices if value in self.grantable]
             if not self.grantable:
                 scope.help_text = (
-                    "Your account may not hand out tokens: it needs to view collections, documents, chunks and sources."
+                    "Your account may not hand out tokens: "
+                    "it needs to view collections, documents, chunks, sources and sync runs."
                 )
 
     def clean_expires_at(self) -> Any:

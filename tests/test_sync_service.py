@@ -587,7 +587,8 @@ def test_a_source_changed_while_it_runs_removes_nothing(roots, collection, monke
     assert uris(collection) == file_uris(folder, "a.md", "b.md")
 
 
-def test_a_document_written_after_the_scan_is_not_removed_by_it(roots, collection, monkeypatch):
+@pytest.mark.parametrize("version", ["second", "first"])  # put back changed, or as it was
+def test_a_document_written_after_the_scan_is_not_removed_by_it(roots, collection, monkeypatch, version):
     """A caller who put a file back and ingested it while a sync ran was told it was stored; the
     run, whose scan had not found the file, then deleted the document."""
     from kb.services import sources
@@ -602,7 +603,7 @@ def test_a_document_written_after_the_scan_is_not_removed_by_it(roots, collectio
 
     def put_back_meanwhile(*args, **kwargs):
         if not (folder / "x.md").exists():
-            write(folder, "x.md", version="second")
+            write(folder, "x.md", version=version)
             document_ingest(collection=collection, uri=str(folder / "x.md"), file_roots=[roots])
         return sync_file(*args, **kwargs)
 
@@ -610,7 +611,7 @@ def test_a_document_written_after_the_scan_is_not_removed_by_it(roots, collectio
     run = sync(source)
     assert run.status == SyncStatus.SUCCEEDED and run.removed == 1
     assert uris(collection) == file_uris(folder, "a.md", "x.md")
-    assert "second version" in Document.objects.get(source_uri=file_uris(folder, "x.md").pop()).raw_content
+    assert f"{version} version" in Document.objects.get(source_uri=file_uris(folder, "x.md").pop()).raw_content
 
 
 @pytest.mark.django_db(transaction=True)  # each write commits, as in the worker

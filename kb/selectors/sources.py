@@ -38,7 +38,7 @@ class SyncRunOut(BaseModel):
     skipped: int = Field(description="Files of a type that is not supported")
     failed: int
     failures: list[SyncFailure] = Field(description="Why items failed (the first 100)")
-    error: str = Field(description="Why the run failed as a whole; a failed run removed nothing")
+    error: str = Field(description="Why the run failed as a whole (what was not removed because of it)")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

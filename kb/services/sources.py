@@ -3,7 +3,8 @@
 A sync compares every file (or URL) with what the collection holds: new and changed ones are
 ingested, identical ones cost a read and a hash (a URL a conditional GET), and the documents of
 files that are gone are removed, but only after a scan that completed: a folder that cannot be
-listed, a subdirectory that cannot be read or a sitemap that cannot be fetched removes nothing.
+listed or a sitemap that cannot be fetched removes nothing, a subfolder that cannot be listed
+nothing from inside it, and a document written since the run began stays.
 What a source brought in, the documents its syncs created, is remembered (``SourceItem``), so
 documents that were in the collection before it found them (ingested by other means, or by
 another source) are updated by it but never removed.
@@ -339,6 +340,7 @@ class _Scan:
     folder: Path | None = None  # a folder source's folder, resolved
     # A folder source's subfolders that could not be listed: the documents from inside them stay.
     unlisted: list[Path] = field(default_factory=list)
+    _unlisted_prefixes: tuple[str, ...] | None = None
 
     def removable(self, uri: str) -> bool:
         """Whether the document of ``uri``, which the scan did not find, may be removed: when the
@@ -347,7 +349,9 @@ class _Scan:
         removing anything, for as long as it stayed."""
         if self.folder is None or self.folder in self.unlisted:
             return not self.problems
-        return not any(uri.startswith(f"{folder.as_uri()}/") for folder in self.unlisted)
+        if self._unlisted_prefixes is None:  # once: a sync asks for every file it did not find
+            self._unlisted_prefixes = tuple(f"{folder.as_uri()}/" for folder in self.unlisted)
+        return not uri.startswith(self._unlisted_prefixes)
 
 
 class _Progress:
@@ -502,10 +506,23 @@ def _remove(source: Source, gone: dict[str, str]) -> int:
         return 0
     collection_index_lock(collection_id=source.collection_id)  # in the order writers take: none writes now
     current = Document.objects.filter(collection=source.collection, pk__in=list(gone))
-    unchanged = [doc_id for doc_id, digest in current.values_list("pk", "content_hash") if gone[doc_id] == digest]
+    unchanged = [
+        doc_id
+        for doc_id, digest, uri in current.values_list("pk", "content_hash", "source_uri")
+        if gone[doc_id] == digest and not (source.kind == SourceKind.FOLDER and _exists_again(uri))
+    ]
     # The records go with their documents (SourceItem.document).
     _, deleted = Document.objects.filter(pk__in=unchanged).delete()
     return deleted.get(Document._meta.label, 0)
+
+
+def _exists_again(uri: str) -> bool:
+    """Whether the file a folder source did not find is there now (put back as it was, and ingested
+    again as unchanged by a caller, it had been deleted)."""
+    try:
+        return os.path.lexists(file_path_of(uri))
+    except KBError:
+        return False
 
 
 def _scan_folder(source: Source) -> _Scan:
