@@ -41,7 +41,8 @@ def assert_clean(log: str) -> None:
 
 
 def start_launcher(tmp_path, port: int) -> ChildProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KB_EMBEDDED_DATABASE")}
+    # Its own database in its own KB_VAR_DIR, whichever the tests themselves were given.
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KB_EMBEDDED_DATABASE", "KB_PGDATA")}
     env.update(
         KB_VAR_DIR=str(tmp_path / "var"),
         DJANGO_SUPERUSER_USERNAME="curator",
