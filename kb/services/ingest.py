@@ -144,6 +144,9 @@ def document_ingest(
     A request must end: a folder of more than KB_INGEST_MAX_FILES files is refused before any is
     read, unless ``whole_folder`` (the operator's kb_ingest, which shows its progress)."""
     uri = (uri or "").strip()
+    # A lone surrogate (JSON's "\ud800", a command line's undecodable byte) had reached the URL
+    # quoting and the file system's encoding, an internal error at every door.
+    check_storable(uri, what="uri")
     check_metadata(metadata)
     if title is not None:
         check_title(title)

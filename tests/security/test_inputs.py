@@ -20,6 +20,7 @@ from kb.models import Collection, Document
 from kb.search import search
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
+from kb.services.ingest import document_ingest
 from mcp_endpoint.servers import build_server
 from tests.support.admin_data import fast_password_hashing, make_collection  # noqa: F401 - an autouse fixture
 from tests.support.api_helpers import error_of as api_error
@@ -296,3 +297,20 @@ def test_a_search_filter_too_large_for_the_database_is_refused_at_every_door(cli
     )
     assert search(query="lift", content_types=many_types[:1000]).results == []
     assert search(query="lift", metadata={f"k{n}": n for n in range(32)}).results == []
+
+
+@pytest.mark.parametrize(
+    "uri", ["data:,a\udfffb", "http://example.org/\ud800", "file:///tmp/\udcff.txt", "/tmp/\udcff.txt", "\ud800"]
+)
+def test_a_uri_holding_a_lone_surrogate_is_an_invalid_argument_at_every_door(client, uri, settings, tmp_path):
+    """Each kind of URI had reached the URL quoting or the file system's encoding: an HTML 500."""
+    settings.KB_FILE_ROOTS = [str(tmp_path)]
+    collection = collection_create(name="c")
+    before = counts()
+    with pytest.raises(KBError) as raised:
+        document_ingest(collection=collection, uri=uri, file_roots=[tmp_path])
+    assert raised.value.code == ErrorCode.INVALID_ARGUMENT and "lone surrogates" in raised.value.message
+    body = json.dumps({"uri": uri})  # "\udfff" escaped, as a JSON client sends it
+    rest = client.post("/api/collections/c/documents", body, content_type="application/json")
+    assert api_error(rest) == (400, "INVALID_ARGUMENT")
+    assert counts() == before
