@@ -323,7 +323,10 @@ class _Body(_PartHandler):
         text = "".join(self._paragraph or ())
         self._paragraph = None
         if self._table is None:
-            self._add_block(_paragraph_markdown(self._style_names.name_of(self._style_id), text.strip()))
+            line = _paragraph_markdown(self._style_names.name_of(self._style_id), text.strip())
+            if line.strip():  # its markup and the blank line after it count too (the text already did)
+                self._count(max(0, len(line) - len(text)) + len("\n\n"))
+            self._add_block(line)
         elif self._row:
             self._row[-1].paragraphs.append(text)
 
@@ -334,8 +337,11 @@ class _Body(_PartHandler):
             own = ("\n".join(cell.paragraphs), cell.span)
             text, span = self._cells_above.get(cell.offset, own) if cell.continues_above else own
             below[cell.offset] = (text, span)
-            self._count(len(text) * span)
-            cells.extend([_literal(text.strip())] * span)
+            shown = _literal(text.strip())
+            # Each copy with the " | " (or line break) after it: empty cells spanning 64 columns had
+            # made 288 million characters of separators from a 1 MB file.
+            self._count((len(shown) + len(" | ")) * span)
+            cells.extend([shown] * span)
         if self._table is not None:
             self._table.append(" | ".join(cells))
         self._cells_above, self._row = below, []

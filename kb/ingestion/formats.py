@@ -654,6 +654,9 @@ def _parse_docx(data: bytes) -> ParsedDocument:
     content = read_docx(data, max_text_chars=settings.KB_MAX_TEXT_CHARS)
     if not content.blocks:
         raise KBError(ErrorCode.LOAD_FAILED, "The DOCX file has no text")
+    text = "\n\n".join(content.blocks) + "\n"
+    if len(text) > settings.KB_MAX_TEXT_CHARS:  # the reader counts as it goes; this is the exact length
+        raise _too_much_text(f"{len(text)} characters")
     metadata: dict[str, Any] = {}
     if content.author:
         metadata["author"] = content.author
@@ -661,7 +664,7 @@ def _parse_docx(data: bytes) -> ParsedDocument:
         metadata["title"] = content.title
     metadata.update(_epoch_dates(creation_date=content.created, modification_date=content.modified))
     return ParsedDocument(
-        text="\n\n".join(content.blocks) + "\n",
+        text=text,
         content_type="docx",
         title=content.title,
         metadata=metadata,

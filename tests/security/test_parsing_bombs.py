@@ -216,6 +216,25 @@ def test_merged_cells_cannot_multiply_a_small_docx_into_a_huge_text(collection, 
     assert "KB_MAX_TEXT_CHARS" in refused_upload(collection, "cells.docx", bomb)
 
 
+def test_empty_cells_spanning_many_columns_cannot_make_a_huge_text(collection, settings):
+    """Each empty cell spanning 64 columns adds 64 separators and was counted as nothing: a 1 MB
+    file had become 288 million characters."""
+    settings.KB_MAX_TEXT_CHARS = 100_000
+    cell = b"<w:tc><w:tcPr><w:gridSpan w:val='64'/></w:tcPr><w:p/></w:tc>"
+    bomb = rebuilt_docx(document_xml=body(b"<w:tbl>" + (b"<w:tr>" + cell * 20 + b"</w:tr>") * 100 + b"</w:tbl>"))
+    assert len(bomb) < 48 * 1024  # most of it the template's thumbnail
+    assert "The DOCX file's text is longer than 100000 characters" in refused_upload(collection, "spans.docx", bomb)
+
+
+def test_the_blank_lines_between_paragraphs_count_towards_the_text_limit(collection, settings):
+    settings.KB_MAX_TEXT_CHARS = 10_000
+    paragraphs = b"<w:p><w:r><w:t>a</w:t></w:r></w:p>" * 4_000  # 4,000 letters, 12,000 characters of text
+    message = refused_upload(collection, "letters.docx", rebuilt_docx(document_xml=body(paragraphs)))
+    assert "The DOCX file's text is longer than 10000 characters" in message
+    settings.KB_MAX_TEXT_CHARS = 12_000
+    assert parse(rebuilt_docx(document_xml=body(paragraphs)), content_type="docx").text.count("a") == 4_000
+
+
 def test_a_docx_part_declaring_xml_entities_is_refused(collection):
     laughs = b'<!DOCTYPE d [<!ENTITY a "lol"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]>'
     document = laughs + body(b"<w:p><w:r><w:t>Plain text &b;</w:t></w:r></w:p>")
