@@ -655,9 +655,15 @@ class _Decoder:
         if self.inflater is None:
             return piece
         try:
-            return self.inflater.decompress(piece, max(room, 1))
+            decoded = self.inflater.decompress(piece, max(room, 1))
         except zlib.error:
             raise KBError(ErrorCode.LOAD_FAILED, f"{self.url}: the compressed body is corrupt") from None
+        if self.inflater.eof and self.inflater.unused_data:
+            # A second gzip member, or junk: only the first member had been kept, half a document.
+            raise KBError(
+                ErrorCode.LOAD_FAILED, f"{self.url}: the compressed body goes on after its end (several gzip members?)"
+            )
+        return decoded
 
     def finish(self) -> None:
         # A compressed body cut short inflates without an error to what arrived: half a document.

@@ -413,6 +413,25 @@ def test_a_gzipped_page_within_the_limit_is_read_decoded(db, settings):
     assert report.documents[0].raw_content == page.decode()
 
 
+@pytest.mark.parametrize("after", ["a second member", "junk"])
+def test_a_compressed_body_that_goes_on_after_its_end_is_refused_not_stored_in_part(db, settings, after):
+    """Two gzip members: only the first had been kept, stored as the whole document."""
+    import gzip
+
+    settings.KB_FETCH_ALLOWED_PRIVATE_HOSTS = ["127.0.0.1"]
+    collection = collection_create(name="gz-more")
+    tail = gzip.compress(b"the second half of the text") if after == "a second member" else b"\x00junk"
+
+    def route(handler, request):
+        body = gzip.compress(b"the first half of the text. ") + tail
+        return 200, {"content-type": "text/plain", "content-encoding": "gzip"}, body
+
+    with serve({"/page": route}) as base, pytest.raises(KBError) as raised:
+        document_ingest(collection=collection, uri=f"{base}/page", file_roots=[])
+    assert raised.value.code == ErrorCode.LOAD_FAILED and "goes on after its end" in raised.value.message
+    assert not Document.objects.exists()
+
+
 @pytest.mark.parametrize("kept", [0.5, 0.1])
 def test_a_compressed_body_cut_short_is_refused_not_stored_in_part(db, settings, kept):
     """Cut in half, a gzipped page inflated without an error to what had arrived: stored as a
