@@ -407,6 +407,32 @@ def test_a_later_batch_of_caller_chunks_merges_into_the_document(collection):
     ]
 
 
+def test_a_caller_s_chunk_is_held_to_a_number_of_characters_not_only_of_tokens(collection, settings):
+    """3.9 million letters are one unknown token: 25 such chunks had made one search answer 97 MB."""
+    settings.KB_MAX_CHUNK_TOKENS = 100  # 1,600 characters
+    for text in ("x" * 1_601, "word " * 400):
+        with pytest.raises(KBError) as error:
+            document_store_chunks(
+                collection=collection, source_uri="paper.pdf", chunks=[ChunkInput(index=0, text=text)]
+            )
+        assert error.value.code == ErrorCode.TEXT_TOO_LONG and "1600" in error.value.message
+    document_store_chunks(collection=collection, source_uri="paper.pdf", chunks=[ChunkInput(index=0, text="x" * 1_600)])
+    assert Document.objects.get().chunks.get().content == "x" * 1_600
+
+
+def test_batches_of_a_caller_s_chunks_are_held_to_the_limit_of_a_document_s_text(collection, settings):
+    """Batch after batch, one document had grown to 62 MB, each batch slower than the one before."""
+    settings.KB_MAX_TEXT_CHARS = 10_000
+    for index in range(4):
+        chunk = ChunkInput(index=index, text=f"{index} " + "y" * 2_000)
+        document_store_chunks(collection=collection, source_uri="paper.pdf", chunks=[chunk])
+    with pytest.raises(KBError) as error:
+        fifth = ChunkInput(index=4, text="4 " + "y" * 2_000)
+        document_store_chunks(collection=collection, source_uri="paper.pdf", chunks=[fifth])
+    assert error.value.code == ErrorCode.TEXT_TOO_LONG and "KB_MAX_TEXT_CHARS" in error.value.message
+    assert Document.objects.get().chunk_count == 4
+
+
 def test_two_concurrent_ingests_of_one_source_end_in_one_document(transactional_db, tmp_path):
     collection = collection_create(name="race")
     (tmp_path / "same.md").write_text(MARKDOWN)

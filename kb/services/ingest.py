@@ -317,6 +317,12 @@ def ingest_loaded(
     )
 
 
+# A caller's chunk holds at most this many characters per token of KB_MAX_CHUNK_TOKENS: the token
+# count alone let one "word" of 3.9 million letters through as a single unknown token, and a search
+# returning 25 of them answered with 97 MB.
+MAX_CHARS_PER_TOKEN = 16
+
+
 def document_store_chunks(
     *,
     collection: Collection,
@@ -334,9 +340,16 @@ def document_store_chunks(
     if repeated := [index for index, count in indices.items() if count > 1]:
         # Which text would stand for it is not for us to guess (the last had won, both counted stored).
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk index {repeated[0]} is given twice for {source_uri}")
+    most_chars = settings.KB_MAX_CHUNK_TOKENS * MAX_CHARS_PER_TOKEN
     for chunk in chunks:
         if not chunk.text.strip():
             raise KBError(ErrorCode.INVALID_ARGUMENT, f"Chunk {chunk.index} has no text")
+        if len(chunk.text) > most_chars:
+            raise KBError(
+                ErrorCode.TEXT_TOO_LONG,
+                f"Chunk {chunk.index} has {len(chunk.text)} characters; the limit is {most_chars} "
+                f"({MAX_CHARS_PER_TOKEN} per token of KB_MAX_CHUNK_TOKENS)",
+            )
         if not 0 <= chunk.index <= MAX_CHUNK_INDEX:
             raise KBError(
                 ErrorCode.INVALID_ARGUMENT, f"Chunk index {chunk.index} must be between 0 and {MAX_CHUNK_INDEX}"
@@ -351,6 +364,12 @@ def document_store_chunks(
         by_index = _stored_chunks(stored)
         by_index.update({chunk.index: (chunk.text, chunk.metadata) for chunk in chunks})
         text, drafts = drafts_from_chunks([(index, *by_index[index]) for index in sorted(by_index)])
+        if len(text) > settings.KB_MAX_TEXT_CHARS:  # batch after batch, as any document's text
+            raise KBError(
+                ErrorCode.TEXT_TOO_LONG,
+                f"{source_uri}'s chunks would hold {len(text)} characters; the limit is "
+                f"{settings.KB_MAX_TEXT_CHARS} (KB_MAX_TEXT_CHARS)",
+            )
         parsed = ParsedDocument(text=text, content_type="plain_text", title=title, metadata={})
         return document_save(
             collection=collection,
