@@ -239,6 +239,9 @@ KB_WORKER_HEARTBEAT_SECONDS = env_int("KB_WORKER_HEARTBEAT_SECONDS", 5, minimum=
 # Files a folder ingested by a request (REST, MCP, admin) may hold: the request reads them all
 # before it answers. Bigger folders: a source (synced in the background) or kb_ingest.
 KB_INGEST_MAX_FILES = env_int("KB_INGEST_MAX_FILES", 1000, minimum=1, maximum=1_000_000)
+# Seconds a request that ingests several files (an upload of many, a folder) may spend on them; the
+# files it has not reached by then are reported as not read. Each file has its own parse budget too.
+KB_INGEST_REQUEST_SECONDS = env_int("KB_INGEST_REQUEST_SECONDS", 120, minimum=1)
 # Files refused by uploads and folder ingests that the dashboard keeps (the newest).
 KB_REFUSALS_KEPT = env_int("KB_REFUSALS_KEPT", 1000, minimum=1)
 # A document whose embedding lease has not been renewed for this long is taken over by another worker.

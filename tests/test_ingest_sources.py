@@ -479,3 +479,22 @@ def test_metadata_longer_than_the_limit_is_refused(collection, settings, where):
     assert not Document.objects.exists()
     ingest(collection, "data:,some text", [], metadata={"notes": "n" * 150})
     assert Document.objects.count() == 1
+
+
+def test_a_request_of_many_files_stops_reading_them_when_its_time_runs_out(collection, settings, tmp_path):
+    """100 uploads or a folder of 1,000 files, each within its own parse budget, had kept a web
+    thread for half an hour: past KB_INGEST_REQUEST_SECONDS the rest is reported as not read."""
+    from kb.services.uploads import document_ingest_uploads
+
+    for name in ("a.md", "b.md"):
+        (tmp_path / name).write_text(f"# {name}\n\nAbout wings.\n")
+    uploads = [SimpleUploadedFile(name, b"About wings.") for name in ("a.txt", "b.txt")]
+    assert len(ingest(collection, str(tmp_path), [tmp_path]).items) == 2
+    assert len(document_ingest_uploads(collection=collection, uploads=uploads).items) == 2
+    settings.KB_INGEST_REQUEST_SECONDS = 0  # spent before the first file
+    folder = ingest(collection, str(tmp_path), [tmp_path], force=True)
+    assert [(item.source_uri, item.outcome) for item in folder.items] == [(tmp_path.as_uri(), "failed")]
+    assert "KB_INGEST_REQUEST_SECONDS" in folder.items[0].error.message
+    uploaded = document_ingest_uploads(collection=collection, uploads=uploads)
+    assert [item.outcome for item in uploaded.items] == ["failed", "failed"]
+    assert all("KB_INGEST_REQUEST_SECONDS" in item.error.message for item in uploaded.items)

@@ -6,6 +6,7 @@ request; embedded later by the Celery worker.
 """
 
 import itertools
+import time
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -163,9 +164,9 @@ def document_ingest(
             if not whole_folder:
                 _check_folder_size(path, recursive=recursive)
             with bulk_work():
-                return _ingest_many(
-                    collection, iter_files(path, roots=file_roots, recursive=recursive), options, on_item
-                )
+                files = iter_files(path, roots=file_roots, recursive=recursive)
+                deadline = None if whole_folder else IngestDeadline()  # the operator's command takes its time
+                return _ingest_many(collection, files, options, on_item, deadline, folder_uri=path.as_uri())
         sources = [load_file(path)]
     else:
         raise KBError(
@@ -191,14 +192,42 @@ def _check_folder_size(folder: Path, *, recursive: bool) -> None:
         )
 
 
+class IngestDeadline:
+    """The time one request may spend ingesting several files (KB_INGEST_REQUEST_SECONDS): 100
+    uploads or a folder of 1,000 files, each within its own parse budget, had kept a web thread
+    for half an hour."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic() + settings.KB_INGEST_REQUEST_SECONDS
+
+    def passed(self) -> KBError | None:
+        """The error of a file not read because the time had run out, or None while it lasts."""
+        if time.monotonic() <= self.at:
+            return None
+        return KBError(
+            ErrorCode.LOAD_FAILED,
+            f"Not read: the request had spent its {settings.KB_INGEST_REQUEST_SECONDS} s "
+            "(KB_INGEST_REQUEST_SECONDS) on the files before; send it again, or follow the folder with a source",
+        )
+
+
 def _ingest_many(
     collection: Collection,
     sources: Iterable[LoadedSource | SkippedSource],
     options: dict[str, Any],
     on_item: Callable[[IngestItem], None] | None,
+    deadline: IngestDeadline | None,
+    *,
+    folder_uri: str,
 ) -> IngestReport:
     report = IngestReport()
     for source in sources:
+        if deadline and (late := deadline.passed()):
+            # The rest is not even read: one item stands for it.
+            report.items.append(IngestItem(source_uri=folder_uri, outcome="failed", error=late))
+            if on_item:
+                on_item(report.items[-1])
+            break
         if isinstance(source, SkippedSource):
             outcome: ItemOutcome = "skipped" if source.unsupported else "failed"
             item = IngestItem(source_uri=source.source_uri, outcome=outcome, error=source.error)

@@ -9,6 +9,7 @@ from kb.errors import ErrorCode, KBError
 from kb.models import Collection
 from kb.services.documents import check_metadata
 from kb.services.ingest import (
+    IngestDeadline,
     IngestItem,
     IngestReport,
     document_ingest_upload,
@@ -31,9 +32,12 @@ def document_ingest_uploads(
     check_metadata(metadata)  # the request's, not a file's: refused once, as with one file
     report = IngestReport()
     names: set[str] = set()
+    deadline = IngestDeadline()
     for upload in uploads:
         filename = upload.name or ""
         try:
+            if late := deadline.passed():
+                raise late
             if "\x00" in filename:
                 raise KBError(ErrorCode.INVALID_ARGUMENT, "A file name must not contain NUL characters")
             name = upload_name(filename)
