@@ -16,7 +16,7 @@ from tests.support.worker import embed_now
 
 pytestmark = pytest.mark.django_db
 
-COMMANDS = ["kb_ingest", "kb_search", "kb_collections", "kb_stats", "kb_reembed", "kb_delete", "kb_token"]
+COMMANDS = ["kb_ingest", "kb_search", "kb_collections", "kb_stats", "kb_reembed", "kb_delete", "kb_token", "kb_sync"]
 
 
 def run(*args: str) -> str:
@@ -38,9 +38,9 @@ def library():
     return {"guide": embed_now(guide.document.pk), "retry": embed_now(retry.document.pk)}
 
 
-@pytest.mark.parametrize("name", COMMANDS)
+@pytest.mark.parametrize("name", [*COMMANDS, "kb_run", "mcp_stdio"])
 def test_the_help_of_each_command_explains_it_with_an_example(name):
-    command = load_command_class("kb", name)
+    command = load_command_class("mcp_endpoint" if name == "mcp_stdio" else "kb", name)
     text = command.create_parser("manage.py", name).format_help()
     assert "\nExample" in text  # on a line of its own, as written
     assert f"python manage.py {name} " in command.help

@@ -39,7 +39,16 @@ class HelpFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Django's order of options, with the description's lines (its examples) kept as written."""
 
 
-class KBCommand(BaseCommand):
+class ExamplesInHelp(BaseCommand):
+    """A command whose ``--help`` keeps the lines of its description (its examples) as written."""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.formatter_class = HelpFormatter
+        return parser
+
+
+class KBCommand(ExamplesInHelp):
     """Output goes through ``Printable`` (stdout; progress bars draw on stderr)."""
 
     def __init__(self, stdout: TextIO | None = None, **kwargs: Any) -> None:
@@ -54,11 +63,6 @@ class KBCommand(BaseCommand):
             if options.get("json"):  # a script reading the output gets the REST API's error body
                 self.write_json(error.as_dict())
             raise CommandError(f"{error.code}: {error.message}") from error
-
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        parser = super().create_parser(prog_name, subcommand, **kwargs)
-        parser.formatter_class = HelpFormatter
-        return parser
 
     def write_json(self, data: BaseModel | dict[str, Any] | list[Any]) -> None:
         payload = data.model_dump(mode="json") if isinstance(data, BaseModel) else data

@@ -11,9 +11,9 @@ from kb.services.collections import collection_create, collection_delete
 class Command(KBCommand):
     help = (
         "List, create or delete collections.\n"
-        "Examples: python manage.py kb_collections list\n"
-        '          python manage.py kb_collections create docs --description "Product documentation"\n'
-        "          python manage.py kb_collections delete docs --yes"
+        "Examples: .venv/bin/python manage.py kb_collections list\n"
+        '          .venv/bin/python manage.py kb_collections create docs --description "Product documentation"\n'
+        "          .venv/bin/python manage.py kb_collections delete docs --yes"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

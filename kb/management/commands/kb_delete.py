@@ -10,7 +10,7 @@ from kb.services.documents import document_delete
 class Command(KBCommand):
     help = (
         "Delete documents (with their chunks and embeddings) by ID; exits with status 1 if one was not found.\n"
-        "Example: python manage.py kb_delete 01HRE4KXQN8Z3J2X5Y7A9B4C6D"
+        "Example: .venv/bin/python manage.py kb_delete 01HRE4KXQN8Z3J2X5Y7A9B4C6D"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -20,7 +20,8 @@ class Command(KBCommand):
         "Ingest files, folders (every supported file in them) or URIs into a collection, with a progress bar "
         "and a closing summary; exits with status 1 if anything failed. Paths must lie under KB_FILE_ROOTS "
         "(default: the current directory). Embedding runs in the Celery worker; --wait waits for it.\n"
-        "Example: python manage.py kb_ingest ./docs https://example.org/guide.md --collection docs --create --wait"
+        "Example: .venv/bin/python manage.py kb_ingest ./docs https://example.org/guide.md "
+        "--collection docs --create --wait"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

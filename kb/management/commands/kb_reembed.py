@@ -19,7 +19,8 @@ class Command(KBCommand):
         "background; search keeps using the current model until every chunk has a new vector, then switches. "
         "--wait shows the progress until it is done or stops; a stopped re-embed says why, and --retry or "
         "--cancel (stay on the current model) is the way out.\n"
-        "Example: python manage.py kb_reembed --collection docs --provider ollama --model nomic-embed-text --wait"
+        "Example: .venv/bin/python manage.py kb_reembed --collection docs --provider ollama "
+        "--model nomic-embed-text --wait"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

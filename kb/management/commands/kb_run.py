@@ -1,14 +1,15 @@
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from kb.launcher import Launcher
+from kb.management.base import ExamplesInHelp
 
 
-class Command(BaseCommand):
+class Command(ExamplesInHelp):
     help = (
         "Start the whole knowledge base: embedded Postgres (unless DATABASE_URL is set), migrations, "
         "a Celery worker and the web server (admin, API, MCP). Ctrl-C stops everything.\n"
-        "Example: python manage.py kb_run --port 8001"
+        "Example: .venv/bin/python manage.py kb_run --port 8001"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -13,7 +13,7 @@ class Command(KBCommand):
     help = (
         "Search the knowledge base from the shell: ranked results with scores, source and line range; "
         "--json prints the REST API's search response for scripts.\n"
-        'Example: python manage.py kb_search "how do I deploy?" --collection docs --top-k 5'
+        'Example: .venv/bin/python manage.py kb_search "how do I deploy?" --collection docs --top-k 5'
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -9,7 +9,7 @@ from kb.selectors.stats import kb_stats
 class Command(KBCommand):
     help = (
         "Counts of collections, documents (by status), chunks and embeddings, and the storage they use.\n"
-        "Example: python manage.py kb_stats --collection docs"
+        "Example: .venv/bin/python manage.py kb_stats --collection docs"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -19,12 +19,13 @@ class Command(KBCommand):
         "Keep a collection in sync with a folder (under KB_FILE_ROOTS) or a list of URLs. A sync ingests new and "
         "changed files, leaves unchanged ones alone and removes documents whose file is gone; the Celery worker "
         "runs it, and `run` shows its progress. With --every, workers also sync the source on that schedule.\n"
-        "Examples: python manage.py kb_sync add handbook --collection docs --folder /srv/handbook --include '*.md'\n"
-        "          python manage.py kb_sync add blog --collection web --sitemap https://example.org/sitemap.xml "
-        "--every 60\n"
-        "          python manage.py kb_sync edit handbook --include '*.md' --include '*.txt' --every 30\n"
-        "          python manage.py kb_sync run handbook\n"
-        "          python manage.py kb_sync list"
+        "Examples: .venv/bin/python manage.py kb_sync add handbook --collection docs --folder /srv/handbook "
+        "--include '*.md'\n"
+        "          .venv/bin/python manage.py kb_sync add blog --collection web "
+        "--sitemap https://example.org/sitemap.xml --every 60\n"
+        "          .venv/bin/python manage.py kb_sync edit handbook --include '*.md' --include '*.txt' --every 30\n"
+        "          .venv/bin/python manage.py kb_sync run handbook\n"
+        "          .venv/bin/python manage.py kb_sync list"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -17,9 +17,10 @@ class Command(KBCommand):
     help = (
         "Create, list or revoke API tokens for the REST API and the MCP HTTP transports. A token is shown once, "
         "when created; only its hash is stored. Send it as 'Authorization: Bearer <token>'.\n"
-        "Examples: python manage.py kb_token create ci-bot --scope write --collection docs --expires-days 90\n"
-        "          python manage.py kb_token list\n"
-        "          python manage.py kb_token revoke 1a2b3c4d"
+        "Examples: .venv/bin/python manage.py kb_token create ci-bot --scope write --collection docs "
+        "--expires-days 90\n"
+        "          .venv/bin/python manage.py kb_token list\n"
+        "          .venv/bin/python manage.py kb_token revoke 1a2b3c4d"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

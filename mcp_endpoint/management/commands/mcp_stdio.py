@@ -12,16 +12,20 @@ from typing import Any
 
 import anyio
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from kb.access import FULL_ACCESS
+from kb.management.base import ExamplesInHelp
 from mcp_endpoint.caller import Caller, calling_as
 from mcp_endpoint.servers import build_server
 from mcp_endpoint.tooling import stop_tool_threads
 
 
-class Command(BaseCommand):
-    help = "Serve MCP over stdio (for clients that start the server themselves)."
+class Command(ExamplesInHelp):
+    help = (
+        "Serve MCP over stdio (for clients that start the server themselves).\n"
+        "Example: .venv/bin/python manage.py mcp_stdio --profile scirag --file-root ~/papers"
+    )
     # Start fast and write nothing: clients wait for the handshake.
     requires_system_checks: list[str] = []
 
