@@ -147,7 +147,10 @@ def document_ingest(
     uri = (uri or "").strip()
     # A lone surrogate (JSON's "\ud800", a command line's undecodable byte) had reached the URL
     # quoting and the file system's encoding, an internal error at every door.
-    check_storable(uri, what="uri")
+    try:
+        check_storable(uri, what="The URI")
+    except KBError as error:
+        raise KBError(ErrorCode.INVALID_URI, error.message) from None
     check_metadata(metadata)
     if title is not None:
         check_title(title)

@@ -21,7 +21,7 @@ import os
 import re
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
@@ -506,23 +506,37 @@ def _remove(source: Source, gone: dict[str, str]) -> int:
         return 0
     collection_index_lock(collection_id=source.collection_id)  # in the order writers take: none writes now
     current = Document.objects.filter(collection=source.collection, pk__in=list(gone))
+    found_again = _finder(source) if source.kind == SourceKind.FOLDER else lambda uri: False
     unchanged = [
         doc_id
         for doc_id, digest, uri in current.values_list("pk", "content_hash", "source_uri")
-        if gone[doc_id] == digest and not (source.kind == SourceKind.FOLDER and _exists_again(uri))
+        if gone[doc_id] == digest and not found_again(uri)
     ]
     # The records go with their documents (SourceItem.document).
     _, deleted = Document.objects.filter(pk__in=unchanged).delete()
     return deleted.get(Document._meta.label, 0)
 
 
-def _exists_again(uri: str) -> bool:
-    """Whether the file a folder source did not find is there now (put back as it was, and ingested
-    again as unchanged by a caller, it had been deleted)."""
+def _finder(source: Source) -> Callable[[str], bool]:
+    """Whether a scan of the folder source would find a file now: one put back as it was (and
+    ingested again as unchanged by a caller) while the run worked had been deleted by it."""
     try:
-        return os.path.lexists(file_path_of(uri))
+        folder = confine(Path(source.folder), source_file_roots())
     except KBError:
-        return False
+        return lambda uri: False
+
+    def found(uri: str) -> bool:
+        try:
+            path = file_path_of(uri)
+            if not os.path.lexists(path):
+                return False
+            relative = _seen_from(folder, path)
+        except (KBError, ValueError, OSError):  # not a file of the folder (any more)
+            return False
+        within = source.recursive or len(relative.parts) == 1
+        return within and _selected(relative, source.include, source.exclude)
+
+    return found
 
 
 def _scan_folder(source: Source) -> _Scan:

@@ -302,15 +302,15 @@ def test_a_search_filter_too_large_for_the_database_is_refused_at_every_door(cli
 @pytest.mark.parametrize(
     "uri", ["data:,a\udfffb", "http://example.org/\ud800", "file:///tmp/\udcff.txt", "/tmp/\udcff.txt", "\ud800"]
 )
-def test_a_uri_holding_a_lone_surrogate_is_an_invalid_argument_at_every_door(client, uri, settings, tmp_path):
+def test_a_uri_holding_a_lone_surrogate_is_an_invalid_uri_at_every_door(client, uri, settings, tmp_path):
     """Each kind of URI had reached the URL quoting or the file system's encoding: an HTML 500."""
     settings.KB_FILE_ROOTS = [str(tmp_path)]
     collection = collection_create(name="c")
     before = counts()
     with pytest.raises(KBError) as raised:
         document_ingest(collection=collection, uri=uri, file_roots=[tmp_path])
-    assert raised.value.code == ErrorCode.INVALID_ARGUMENT and "lone surrogates" in raised.value.message
+    assert raised.value.code == ErrorCode.INVALID_URI and "lone surrogates" in raised.value.message
     body = json.dumps({"uri": uri})  # "\udfff" escaped, as a JSON client sends it
     rest = client.post("/api/collections/c/documents", body, content_type="application/json")
-    assert api_error(rest) == (400, "INVALID_ARGUMENT")
+    assert api_error(rest) == (400, "INVALID_URI")
     assert counts() == before
