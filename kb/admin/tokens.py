@@ -49,21 +49,7 @@ class ApiTokenAdmin(CuratedAdmin):
     def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         if obj is None:
             return ["name", "scope", "collections", "expires_at"]
-        return _collections_seen_by(
-            request,
-            [
-                "name",
-                "prefix",
-                "scope",
-                "collections_column",
-                "state",
-                "created_by",
-                "created_at",
-                "last_used_at",
-                "expires_at",
-                "revoked_at",
-            ],
-        )
+        return _collections_seen_by(request, [*self.list_display, "expires_at", "revoked_at"])
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         # A token is not edited: revoke it and create another. Only its hash is stored anyway.
