@@ -311,6 +311,10 @@ KB_PDF_MAX_MEMORY_BYTES = env_int("KB_PDF_MAX_MEMORY_BYTES", 512 * 1024 * 1024, 
 # and memory on some pages.
 KB_HTML_TIMEOUT_SECONDS = env_int("KB_HTML_TIMEOUT_SECONDS", 20, minimum=1)
 KB_HTML_MAX_MEMORY_BYTES = env_int("KB_HTML_MAX_MEMORY_BYTES", 1024 * 1024 * 1024, minimum=256 * 1024 * 1024)
+# DOCX files likewise (python -m kb.ingestion.docx_text), once their archive fits the budgets above:
+# reading is streamed, but millions of elements cost seconds of CPU.
+KB_DOCX_TIMEOUT_SECONDS = env_int("KB_DOCX_TIMEOUT_SECONDS", 20, minimum=1)
+KB_DOCX_MAX_MEMORY_BYTES = env_int("KB_DOCX_MAX_MEMORY_BYTES", 1024 * 1024 * 1024, minimum=256 * 1024 * 1024)
 
 KB_DATA_URI_MAX_BYTES = env_int("KB_DATA_URI_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
 KB_FETCH_TIMEOUT_SECONDS = env_float("KB_FETCH_TIMEOUT_SECONDS", 20.0, minimum=0.1)

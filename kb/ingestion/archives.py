@@ -6,13 +6,12 @@ cost memory merely to list. So the directory is checked against the budgets befo
 read (entry count first, before ``zipfile`` builds one object per entry), and parts are then read
 in chunks, never whole. The count is that of the records ``zipfile`` would read, not the one the
 end record states: ``zipfile`` reads records until it has consumed the directory's declared size,
-whatever count the end record gives.
+whatever count the end record gives. The parts themselves are read by kb.ingestion.docx_text.
 """
 
 import io
 import struct
 import zipfile
-from collections.abc import Iterator
 
 from django.conf import settings
 
@@ -31,7 +30,6 @@ _MAX_COMMENT_BYTES = 65535
 # Small XML parts (relationships, settings) legitimately shrink far more than 100:1; the ratio is
 # only meaningful, and only dangerous, for large entries.
 _RATIO_CHECKED_FROM_BYTES = 1024 * 1024
-_READ_CHUNK_BYTES = 64 * 1024
 
 
 def open_archive(data: bytes, *, kind: str) -> zipfile.ZipFile:
@@ -112,12 +110,3 @@ def _check_declared_sizes(archive: zipfile.ZipFile, kind: str) -> None:
             f"The {kind} file inflates to {total} bytes; the limit is {settings.KB_ARCHIVE_MAX_TOTAL_BYTES} "
             "(KB_ARCHIVE_MAX_TOTAL_BYTES)",
         )
-
-
-def read_chunks(archive: zipfile.ZipFile, name: str) -> Iterator[bytes]:
-    """A part's bytes in chunks. zipfile stops each part at the size its directory entry declares
-    (failing the CRC check if the part holds more), and open_archive held those sizes to the
-    budgets, so a directory that understates a part cannot make it cost more."""
-    with archive.open(name) as part:
-        while chunk := part.read(_READ_CHUNK_BYTES):
-            yield chunk

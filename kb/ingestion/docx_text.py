@@ -1,4 +1,4 @@
-"""The text of a DOCX file, read as a stream with memory that does not grow with the document.
+"""The text of a DOCX file, read as a stream in a child process that limits its own memory and CPU time.
 
 python-docx builds the whole ``word/document.xml`` tree (about eight bytes of memory per byte of
 XML) and resolved each paragraph's style by scanning every style, so a real 5 MB document cost
@@ -6,19 +6,32 @@ hundreds of MB and a million empty paragraphs took minutes. Here the XML is fed 
 lxml parser whose callbacks keep only the paragraph or table row being read, and give the text
 python-docx gives: body paragraphs (runs and hyperlinks, tabs and breaks) as Markdown by their
 style, tables row by row with merged cells repeated, and the core properties.
+
+Streaming bounds the memory, not the time: the callbacks are Python, about 4 µs an element, so a
+document of millions of short paragraphs within the archive budgets takes seconds of CPU, holding
+the GIL of whichever process reads it (six million empty ones, 36 MB stored uncompressed: 25 s).
+So the web process checks the archive's directory (kb.ingestion.archives) and then runs ``python
+-m kb.ingestion.docx_text --max-text-chars N --memory-bytes N --cpu-seconds N`` as it does for
+PDFs (kb.ingestion.pdf_text): the file on its stdin, one JSON object on its stdout, either the
+result ``{"blocks": [...], "title", "author", "dates"}`` (dates in seconds since the epoch) or
+``{"failure": kind, "detail": text}`` with ``kind`` one of the ``FAILURE_*`` names below or
+``out_of_memory``. Neither this module nor the child needs Django.
 """
 
+import io
 import posixpath
 import re
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lxml import etree
 
-from kb.errors import ErrorCode, KBError
-from kb.ingestion.archives import open_archive, read_chunks
+from kb.ingestion.child_budget import FAILURE_OUT_OF_MEMORY, failure, serve
+
+FAILURE_UNREADABLE = "unreadable"
 
 _W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 _BODY, _P, _TBL, _TR, _TC = f"{_W}body", f"{_W}p", f"{_W}tbl", f"{_W}tr", f"{_W}tc"
@@ -57,39 +70,34 @@ _BLOCK_MARKER = re.compile(
     r"|^([ \t]*\d{1,9})([.)])(?=[ \t]|$)",
     re.MULTILINE,
 )
+_READ_CHUNK_BYTES = 64 * 1024
 # Malformed XML, a missing part, a bad CRC, an encrypted part or an unknown compression method.
 _MALFORMED = (etree.LxmlError, zipfile.BadZipFile, KeyError, ValueError, OSError, RuntimeError, NotImplementedError)
 
 
-@dataclass(frozen=True)
-class DocxContent:
-    """A document's blocks as Markdown (paragraphs, and tables as ``a | b`` lines) and its properties."""
-
-    blocks: list[str]
-    title: str = ""
-    author: str = ""
-    created: datetime | None = None
-    modified: datetime | None = None
+class _Unreadable(Exception):
+    """The file is malformed or over a budget; the message says which, for the caller."""
 
 
-def read_docx(data: bytes, *, max_text_chars: int) -> DocxContent:
-    """Blocks and properties of a DOCX file; LOAD_FAILED when it is malformed or over a budget."""
-    archive = open_archive(data, kind="DOCX")
+def extract(data: bytes, *, max_text_chars: int) -> dict[str, Any]:
+    """The blocks (paragraphs as Markdown, tables as ``a | b`` lines), title, author and dates;
+    or a failure. The caller has held the archive's directory to the budgets (open_archive)."""
     try:
-        return _read_package(archive, max_text_chars)
-    except KBError:
-        raise
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return _read_package(archive, max_text_chars)
+    except _Unreadable as exc:
+        return failure(FAILURE_UNREADABLE, str(exc))
     except _MALFORMED as exc:
-        raise KBError(ErrorCode.LOAD_FAILED, f"The DOCX file could not be read: {exc}") from None
-    finally:
-        archive.close()
+        return failure(FAILURE_UNREADABLE, f"The DOCX file could not be read: {exc}")
+    except MemoryError:
+        return failure(FAILURE_OUT_OF_MEMORY)
 
 
-def _read_package(archive: zipfile.ZipFile, max_text_chars: int) -> DocxContent:
+def _read_package(archive: zipfile.ZipFile, max_text_chars: int) -> dict[str, Any]:
     package_parts = _related_parts(archive, "", kinds=("officeDocument", "core-properties"))
     document_name = package_parts.get("officeDocument")
     if document_name is None:
-        raise KBError(ErrorCode.LOAD_FAILED, "The DOCX file could not be read: it has no main document part")
+        raise _Unreadable("The DOCX file could not be read: it has no main document part")
     style_names = _StyleNames()
     styles_name = _related_parts(archive, document_name, kinds=("styles",)).get("styles")
     if styles_name:
@@ -100,21 +108,34 @@ def _read_package(archive: zipfile.ZipFile, max_text_chars: int) -> DocxContent:
     core_name = package_parts.get("core-properties")
     if core_name:
         _feed(archive, core_name, properties)
-    return DocxContent(
-        blocks=body.blocks,
-        title=properties.values.get("title", ""),
-        author=properties.values.get("author", ""),
-        created=_w3cdtf_datetime(properties.values.get("created")),
-        modified=_w3cdtf_datetime(properties.values.get("modified")),
-    )
+    dates = {
+        name: parsed.timestamp()
+        for name, key in (("creation_date", "created"), ("modification_date", "modified"))
+        if (parsed := _w3cdtf_datetime(properties.values.get(key)))
+    }
+    return {
+        "blocks": body.blocks,
+        "title": properties.values.get("title", ""),
+        "author": properties.values.get("author", ""),
+        "dates": dates,
+    }
 
 
 def _feed(archive: zipfile.ZipFile, name: str, target: "_PartHandler") -> None:
     # No DTD (see _PartHandler.doctype), no entity expansion, no network: OOXML needs none of them.
     parser = etree.XMLParser(target=target, resolve_entities=False, no_network=True)
-    for chunk in read_chunks(archive, name):
+    for chunk in _read_chunks(archive, name):
         parser.feed(chunk)
     parser.close()
+
+
+def _read_chunks(archive: zipfile.ZipFile, name: str) -> Iterator[bytes]:
+    """A part's bytes in chunks. zipfile stops each part at the size its directory entry declares
+    (failing the CRC check if the part holds more), and open_archive held those sizes to the
+    budgets, so a directory that understates a part cannot make it cost more."""
+    with archive.open(name) as part:
+        while chunk := part.read(_READ_CHUNK_BYTES):
+            yield chunk
 
 
 def _related_parts(archive: zipfile.ZipFile, source_name: str, *, kinds: tuple[str, ...]) -> dict[str, str]:
@@ -140,7 +161,7 @@ class _PartHandler:
 
     def doctype(self, name: str, public_id: str | None, system_id: str | None) -> None:
         # Office documents never declare a DTD; one could only be there to define entities.
-        raise KBError(ErrorCode.LOAD_FAILED, "The DOCX file could not be read: a part declares a DTD")
+        raise _Unreadable("The DOCX file could not be read: a part declares a DTD")
 
     def start(self, tag: str, attrib: Any) -> None:
         pass
@@ -302,9 +323,8 @@ class _Body(_PartHandler):
     def _count(self, chars: int) -> None:
         self._text_chars += chars
         if self._text_chars > self._max_text_chars:
-            raise KBError(
-                ErrorCode.LOAD_FAILED,
-                f"The DOCX file's text is longer than {self._max_text_chars} characters (KB_MAX_TEXT_CHARS)",
+            raise _Unreadable(
+                f"The DOCX file's text is longer than {self._max_text_chars} characters (KB_MAX_TEXT_CHARS)"
             )
 
     def end(self, tag: str) -> None:
@@ -401,3 +421,11 @@ def _w3cdtf_datetime(text: str | None) -> datetime | None:
         sign, hours, minutes = offset[0], int(offset[1:3]), int(offset[4:6])
         parsed -= (1 if sign == "+" else -1) * timedelta(hours=hours, minutes=minutes)
     return parsed.replace(tzinfo=UTC)
+
+
+def main() -> None:
+    serve(extract, "Extract a DOCX file's text (read on stdin) as JSON on stdout.", options=("max_text_chars",))
+
+
+if __name__ == "__main__":
+    main()

@@ -21,7 +21,6 @@ import sys
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from itertools import accumulate, islice
 from pathlib import Path, PurePosixPath
 from types import ModuleType
@@ -30,8 +29,8 @@ from typing import Any
 from django.conf import settings
 
 from kb.errors import ErrorCode, KBError
-from kb.ingestion import html_text, pdf_text
-from kb.ingestion.archives import bounded_entry_count
+from kb.ingestion import docx_text, html_text, pdf_text
+from kb.ingestion.archives import bounded_entry_count, open_archive
 from kb.ingestion.markdown_headings import first_title
 from kb.storable import storable_text
 
@@ -649,27 +648,30 @@ def _join_pages(page_texts: list[str]) -> tuple[str, tuple[Page, ...]]:
 
 
 def _parse_docx(data: bytes) -> ParsedDocument:
-    from kb.ingestion.docx_text import read_docx
-
-    content = read_docx(data, max_text_chars=settings.KB_MAX_TEXT_CHARS)
-    if not content.blocks:
+    open_archive(data, kind="DOCX").close()  # its directory, held to the budgets before the child reads it
+    options = {"max_text_chars": settings.KB_MAX_TEXT_CHARS}
+    extracted = _extract_in_child(docx_text, data, options, what="the DOCX file", budgets="KB_DOCX")
+    if failure := extracted.get("failure"):
+        raise KBError(ErrorCode.LOAD_FAILED, _docx_failure_message(failure, extracted["detail"]))
+    if not extracted["blocks"]:
         raise KBError(ErrorCode.LOAD_FAILED, "The DOCX file has no text")
-    text = "\n\n".join(content.blocks) + "\n"
+    text = "\n\n".join(extracted["blocks"]) + "\n"
     if len(text) > settings.KB_MAX_TEXT_CHARS:  # the reader counts as it goes; this is the exact length
         raise _too_much_text(f"{len(text)} characters")
-    metadata: dict[str, Any] = {}
-    if content.author:
-        metadata["author"] = content.author
-    if content.title:
-        metadata["title"] = content.title
-    metadata.update(_epoch_dates(creation_date=content.created, modification_date=content.modified))
+    title, author = extracted["title"], extracted["author"]
+    metadata: dict[str, Any] = {"author": author, "title": title} | extracted["dates"]
     return ParsedDocument(
         text=text,
         content_type="docx",
-        title=content.title,
-        metadata=metadata,
+        title=title,
+        metadata={key: value for key, value in metadata.items() if value},
     )
 
 
-def _epoch_dates(**dates: datetime | None) -> dict[str, float]:
-    return {name: value.timestamp() for name, value in dates.items() if isinstance(value, datetime)}
+def _docx_failure_message(failure: str, detail: str) -> str:
+    if failure == docx_text.FAILURE_OUT_OF_MEMORY:
+        return (
+            f"Reading the DOCX file needed more than {settings.KB_DOCX_MAX_MEMORY_BYTES} bytes of memory "
+            "(KB_DOCX_MAX_MEMORY_BYTES)"
+        )
+    return detail

@@ -13,18 +13,14 @@ may be null), or ``{"failure": kind, "detail": text}`` with ``kind`` one of the 
 constants below.
 """
 
-import argparse
-import json
-import sys
 from typing import Any
 
-from kb.ingestion.child_budget import failure, limit_resources
+from kb.ingestion.child_budget import FAILURE_OUT_OF_MEMORY, failure, serve
 
 FAILURE_TOO_DEEP = "too_deep"
 FAILURE_TOO_MANY_ELEMENTS = "too_many_elements"
 FAILURE_NO_TEXT = "no_text"
 FAILURE_TOO_MUCH_TEXT = "too_much_text"
-FAILURE_OUT_OF_MEMORY = "out_of_memory"
 
 
 def extract(html: str, *, max_depth: int, max_elements: int, max_text_chars: int) -> dict[str, Any]:
@@ -72,20 +68,16 @@ def _shape_failure(tree: Any, *, max_depth: int, max_elements: int) -> dict[str,
     return None
 
 
+def _extract_bytes(page: bytes, **limits: int) -> dict[str, Any]:
+    return extract(page.decode("utf-8", "surrogatepass"), **limits)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Extract an HTML page's text (read on stdin) as JSON on stdout.")
-    for option in ("--max-depth", "--max-elements", "--max-text-chars", "--memory-bytes", "--cpu-seconds"):
-        parser.add_argument(option, type=int, required=True)
-    arguments = parser.parse_args()
-    html = sys.stdin.buffer.read().decode("utf-8", "surrogatepass")
-    limit_resources(arguments.memory_bytes, arguments.cpu_seconds)
-    result = extract(
-        html,
-        max_depth=arguments.max_depth,
-        max_elements=arguments.max_elements,
-        max_text_chars=arguments.max_text_chars,
+    serve(
+        _extract_bytes,
+        "Extract an HTML page's text (read on stdin, UTF-8) as JSON on stdout.",
+        options=("max_depth", "max_elements", "max_text_chars"),
     )
-    sys.stdout.write(json.dumps(result))  # ASCII escapes carry any lone surrogate
 
 
 if __name__ == "__main__":

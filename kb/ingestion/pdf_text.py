@@ -11,20 +11,16 @@ The JSON object is either the result, ``{"pages": [text, ...], "title", "author"
 ``{"failure": kind, "detail": text}`` with ``kind`` one of the ``FAILURE_*`` constants below.
 """
 
-import argparse
 import io
-import json
 import logging
-import sys
 from datetime import datetime
 from typing import Any
 
-from kb.ingestion.child_budget import failure, limit_resources
+from kb.ingestion.child_budget import FAILURE_OUT_OF_MEMORY, failure, serve
 
 FAILURE_ENCRYPTED = "encrypted"
 FAILURE_TOO_MANY_PAGES = "too_many_pages"
 FAILURE_TOO_MUCH_TEXT = "too_much_text"
-FAILURE_OUT_OF_MEMORY = "out_of_memory"
 FAILURE_UNREADABLE = "unreadable"
 
 
@@ -70,15 +66,8 @@ def _epoch_dates(info: Any) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Extract a PDF's text (read on stdin) as JSON on stdout.")
-    for option in ("--max-pages", "--max-text-chars", "--memory-bytes", "--cpu-seconds"):
-        parser.add_argument(option, type=int, required=True)
-    arguments = parser.parse_args()
     logging.disable(logging.WARNING)  # pypdf's warnings about malformed files would only cost time
-    data = sys.stdin.buffer.read()
-    limit_resources(arguments.memory_bytes, arguments.cpu_seconds)
-    result = extract(data, max_pages=arguments.max_pages, max_text_chars=arguments.max_text_chars)
-    sys.stdout.write(json.dumps(result))  # ASCII escapes carry any lone surrogate pypdf produced
+    serve(extract, "Extract a PDF's text (read on stdin) as JSON on stdout.", options=("max_pages", "max_text_chars"))
 
 
 if __name__ == "__main__":
