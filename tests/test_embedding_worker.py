@@ -164,7 +164,7 @@ def test_changing_the_model_re_embeds_in_the_background_then_switches(tmp_path, 
             worker.stop()
     assert Collection.objects.get(pk=collection.pk).next_embedding_model is None
     assert vectors_per_chunk(document, new_model_id) == [1] * document.chunk_count
-    assert vectors_per_chunk(document, old_model_id) == [1] * document.chunk_count
+    assert vectors_per_chunk(document, old_model_id) == []  # of no use to it, and in the old model's index
     document.refresh_from_db()
     assert (document.status, document.embedded_count) == (DocumentStatus.READY, document.chunk_count)
 
@@ -253,3 +253,36 @@ def test_a_switch_of_models_while_a_document_embeds_leaves_it_with_the_new_model
     assert new_model.name == "new-model"
     assert vectors_per_chunk(document, new_model.pk) == [1] * document.chunk_count
     assert document.embedded_count == document.chunk_count and "A new ending." in document.raw_content
+    assert Embedding.objects.filter(chunk__document=document).exclude(model=new_model).count() == 0
+
+
+def test_vectors_a_re_embed_step_writes_as_its_switch_is_cancelled_are_deleted(settings, monkeypatch):
+    """The step had read the collection before the cancel, which deleted the next model's vectors;
+    the batch it then stored would have stayed in that model's index for good."""
+    from kb.services import embedding_pipeline
+    from kb.services.model_switch import collection_reembed_cancel, collection_reembed_step
+
+    monkeypatch.setattr(embedding_pipeline, "PRUNE_BATCH_SIZE", 3)  # a batch of vectors takes several statements
+    from tests.support.fake_providers import _openai_embeddings
+    from tests.support.http_server import serve
+
+    collection = remote_collection(settings, name="cancelled", model="old-model")
+    document_create_from_text(collection=collection, source_uri="note://c", text=LONG_TEXT)
+    old_model_id = collection.embedding_model_id
+
+    def cancelled_meanwhile(handler, body):
+        collection_reembed_cancel(collection=collection)
+        connection.close()  # this server thread's
+        return _openai_embeddings(handler, body)
+
+    with fake_openai() as openai:
+        settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY = openai, "sk-x"
+        collection = collection_switch_model(collection=collection, provider="openai", model_name="next-model")
+    next_model_id = collection.next_embedding_model_id
+    with serve({"/v1/embeddings": cancelled_meanwhile}) as openai:
+        settings.OPENAI_BASE_URL = f"{openai}/v1"
+        assert collection_reembed_step(collection_id=collection.pk) is False  # stored a batch after the cancel
+        assert Embedding.objects.filter(collection_id=collection.pk, model_id=next_model_id).count() > 3
+        assert collection_reembed_step(collection_id=collection.pk) is True
+    assert Embedding.objects.filter(collection_id=collection.pk, model_id=next_model_id).count() == 0
+    assert Collection.objects.get(pk=collection.pk).embedding_model_id == old_model_id

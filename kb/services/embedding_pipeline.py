@@ -162,6 +162,44 @@ def insert_vectors(model: EmbeddingModel, chunk_ids: list[int], vectors: list[li
         )
 
 
+# Vectors deleted per statement by vectors_prune: each statement holds its locks briefly, however
+# many vectors a large collection leaves behind.
+PRUNE_BATCH_SIZE = 10_000
+
+
+def vectors_prune(*, collection_id: int, doc_id: str | None = None) -> int:
+    """Delete the collection's vectors (only the document's, if one is named) of the models it
+    neither searches with nor is switching to, and return how many went: what a finished or
+    cancelled switch left, and what a worker that had loaded the collection before a switch wrote
+    after it. They are no use to this collection and slow every other collection's search through
+    that model's HNSW index (its filtered scan walks past them).
+
+    The collection's models are read by each statement itself, so the vectors a switch that
+    starts meanwhile writes are never taken for leftovers."""
+    document_chunks = "AND e.chunk_id IN (SELECT id FROM kb_chunk WHERE document_id = %(doc)s)" if doc_id else ""
+    deleted = 0
+    for model_id in EmbeddingModel.objects.values_list("pk", flat=True):  # a few: each its own index lookups
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"""
+                    DELETE FROM kb_embedding WHERE id IN (
+                        SELECT e.id FROM kb_embedding AS e JOIN kb_collection AS c ON c.id = e.collection_id
+                        WHERE e.model_id = %(model)s AND e.collection_id = %(collection)s {document_chunks}
+                          AND c.embedding_model_id <> %(model)s
+                          AND c.next_embedding_model_id IS DISTINCT FROM %(model)s
+                        LIMIT %(batch)s
+                    )
+                    """,
+                    {"model": model_id, "collection": collection_id, "doc": doc_id, "batch": PRUNE_BATCH_SIZE},
+                )
+                batch = cursor.rowcount
+            deleted += batch
+            if batch < PRUNE_BATCH_SIZE:
+                break
+    return deleted
+
+
 def refresh_embedded_counts(collection: Collection, documents: QuerySet[Document]) -> None:
     counts = (
         Embedding.objects.filter(chunk__document=OuterRef("pk"), model_id=collection.embedding_model_id)
@@ -177,13 +215,20 @@ def _finish(doc_id: str, collection: Collection) -> str | None:
     """Mark the document ready if every chunk has a vector of the collection's model; None if the
     collection searches with another model than the one it was embedded with (a switch finished
     meanwhile: chunks added since then had been embedded with the old model and the document marked
-    ready, found by no semantic search)."""
+    ready, found by no semantic search). Vectors written meanwhile for a model the collection no
+    longer uses are deleted."""
     with transaction.atomic():
         try:
             document = document_lock(doc_id=doc_id)
         except KBError:
             return "deleted"
-        if document.collection.embedding_model_id != collection.embedding_model_id:
+        now = document.collection
+        if (now.embedding_model_id, now.next_embedding_model_id) != (
+            collection.embedding_model_id,
+            collection.next_embedding_model_id,
+        ):
+            vectors_prune(collection_id=now.pk, doc_id=doc_id)
+        if now.embedding_model_id != collection.embedding_model_id:
             return None
         refresh_embedded_counts(document.collection, Document.objects.filter(pk=doc_id))
         document.refresh_from_db(fields=["embedded_count", "chunk_count"])

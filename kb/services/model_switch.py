@@ -14,7 +14,7 @@ from kb.embedding_providers import embed_texts
 from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document, Embedding
 from kb.services.embedding_models import embedding_model_choose, model_name_for
-from kb.services.embedding_pipeline import insert_vectors, refresh_embedded_counts, unembedded_batch
+from kb.services.embedding_pipeline import insert_vectors, refresh_embedded_counts, unembedded_batch, vectors_prune
 from kb.task_queue import enqueue_collection_reembed
 
 logger = logging.getLogger(__name__)
@@ -76,11 +76,10 @@ def _start_reembed(collection: Collection) -> None:
 
 
 def _drop_next_model(collection: Collection) -> None:
-    if collection.next_embedding_model_id:
-        Embedding.objects.filter(collection=collection, model_id=collection.next_embedding_model_id).delete()
     collection.next_embedding_model = None
     collection.reembed_error, collection.reembed_stopped_at = "", None
     collection.save(update_fields=REEMBED_STATE_FIELDS)
+    vectors_prune(collection_id=collection.pk)  # the dropped model's, read as saved above
 
 
 def collection_reembed_failed(*, collection_id: int, reason: str, stopped: bool) -> None:
@@ -94,8 +93,20 @@ def collection_reembed_step(*, collection_id: int) -> bool:
     """Embed one batch of the collection's chunks with its next model; True when finished.
 
     When no chunk lacks a vector of the next model, the models are switched under the
-    collection's row lock, so a concurrent ingest either sees the old pair or the new one.
+    collection's row lock, so a concurrent ingest either sees the old pair or the new one. A
+    finished re-embed (switched, cancelled or replaced by another switch) then deletes the vectors
+    of the models the collection no longer uses (``vectors_prune``): the old model's after a switch,
+    and any a step that raced a cancel wrote.
     """
+    finished = _reembed_step(collection_id)
+    if finished:
+        pruned = vectors_prune(collection_id=collection_id)
+        if pruned:
+            logger.info("collection %s: %d vectors of models it no longer uses deleted", collection_id, pruned)
+    return finished
+
+
+def _reembed_step(collection_id: int) -> bool:
     try:
         collection = Collection.objects.select_related("next_embedding_model").get(pk=collection_id)
     except Collection.DoesNotExist:
