@@ -2,19 +2,32 @@
 
 import io
 import signal
+import threading
+import time
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Count
 
 from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding, WorkerHeartbeat
 from kb.selectors.collections import collection_reembedding
+from kb.services import embedding_pipeline
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text, document_mark_pending
-from kb.services.model_switch import collection_switch_model
+from kb.services.embedding_pipeline import document_claim, document_embed, insert_vectors, vectors_prune
+from kb.services.model_switch import collection_reembed_cancel, collection_reembed_step, collection_switch_model
 from tests.conftest import free_port, start_worker, wait_for
-from tests.support.fake_providers import DIMENSIONS, fake_ollama, fake_openai, remote_collection
+from tests.support.fake_providers import (
+    DIMENSIONS,
+    _ollama_embed,
+    _openai_embeddings,
+    fake_ollama,
+    fake_openai,
+    fake_vector,
+    remote_collection,
+)
+from tests.support.http_server import serve
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -224,11 +237,6 @@ def test_a_worker_s_heartbeat_with_its_queues_lasts_while_it_runs(tmp_path, clie
 def test_a_switch_of_models_while_a_document_embeds_leaves_it_with_the_new_model_s_vectors(settings):
     """A worker that had loaded the collection before the switch embedded chunks written after it
     with the old model and marked the document ready: no semantic search found them."""
-    from kb.services.embedding_pipeline import document_claim, document_embed
-    from kb.services.model_switch import collection_reembed_step
-    from tests.support.fake_providers import _ollama_embed
-    from tests.support.http_server import serve
-
     collection = remote_collection(settings, name="switching", model="old-model")
     document = document_create_from_text(collection=collection, source_uri="note://d", text=LONG_TEXT).document
     switched = []
@@ -259,13 +267,7 @@ def test_a_switch_of_models_while_a_document_embeds_leaves_it_with_the_new_model
 def test_vectors_a_re_embed_step_writes_as_its_switch_is_cancelled_are_deleted(settings, monkeypatch):
     """The step had read the collection before the cancel, which deleted the next model's vectors;
     the batch it then stored would have stayed in that model's index for good."""
-    from kb.services import embedding_pipeline
-    from kb.services.model_switch import collection_reembed_cancel, collection_reembed_step
-
     monkeypatch.setattr(embedding_pipeline, "PRUNE_BATCH_SIZE", 3)  # a batch of vectors takes several statements
-    from tests.support.fake_providers import _openai_embeddings
-    from tests.support.http_server import serve
-
     collection = remote_collection(settings, name="cancelled", model="old-model")
     document_create_from_text(collection=collection, source_uri="note://c", text=LONG_TEXT)
     old_model_id = collection.embedding_model_id
@@ -286,3 +288,58 @@ def test_vectors_a_re_embed_step_writes_as_its_switch_is_cancelled_are_deleted(s
         assert collection_reembed_step(collection_id=collection.pk) is True
     assert Embedding.objects.filter(collection_id=collection.pk, model_id=next_model_id).count() == 0
     assert Collection.objects.get(pk=collection.pk).embedding_model_id == old_model_id
+
+
+def collection_with_vectors_of_two_models(settings) -> tuple[Collection, int, int]:
+    """A collection on model A, switching to model B, with every chunk's vector of both."""
+    collection = remote_collection(settings, name="two-models", model="model-a")
+    document_create_from_text(collection=collection, source_uri="note://t", text=LONG_TEXT)
+    with fake_openai() as openai:
+        settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY = openai, "sk-x"
+        collection = collection_switch_model(collection=collection, provider="openai", model_name="model-b")
+    chunks = list(Chunk.objects.filter(collection=collection).values_list("id", "content"))
+    for model in (collection.embedding_model, collection.next_embedding_model):
+        insert_vectors(model, [pk for pk, _ in chunks], [fake_vector(text) for _, text in chunks])
+    return collection, collection.embedding_model_id, collection.next_embedding_model_id
+
+
+def vectors_of(collection: Collection, model_id: int) -> int:
+    return Embedding.objects.filter(collection_id=collection.pk, model_id=model_id).count()
+
+
+def test_cancelling_a_switch_deletes_the_next_model_s_vectors_at_once(settings):
+    collection, model_a, model_b = collection_with_vectors_of_two_models(settings)
+    chunk_count = Chunk.objects.filter(collection=collection).count()
+    assert vectors_of(collection, model_b) == chunk_count > 0
+    collection_reembed_cancel(collection=collection)
+    assert (vectors_of(collection, model_a), vectors_of(collection, model_b)) == (chunk_count, 0)
+
+
+def test_a_prune_waits_for_a_switch_back_to_the_model_it_prunes(settings):
+    """A switch A -> B had finished and its prune of A's vectors began as a curator switched back
+    to A: the switch found A's vectors complete (the prune had not committed) and its prune then
+    deleted them, leaving the collection searching with a model of which it had no vectors."""
+    collection, model_a, model_b = collection_with_vectors_of_two_models(settings)
+    chunk_count = Chunk.objects.filter(collection=collection).count()
+    Collection.objects.filter(pk=collection.pk).update(embedding_model_id=model_b, next_embedding_model=None)
+    switching_back, switched_back = threading.Event(), threading.Event()
+
+    def switch_back() -> None:  # as collection_reembed_step completes a switch, row locked meanwhile
+        try:
+            with transaction.atomic():
+                Collection.objects.select_for_update().get(pk=collection.pk)
+                switching_back.set()
+                time.sleep(1)  # the prune starts meanwhile
+                Collection.objects.filter(pk=collection.pk).update(embedding_model_id=model_a)
+        finally:
+            switched_back.set()
+            connection.close()
+
+    thread = threading.Thread(target=switch_back)
+    thread.start()
+    assert switching_back.wait(10)
+    deleted = vectors_prune(collection_id=collection.pk)
+    assert switched_back.is_set()  # the prune waited for the switch
+    thread.join()
+    assert (vectors_of(collection, model_a), vectors_of(collection, model_b)) == (chunk_count, 0)
+    assert deleted == chunk_count

@@ -22,6 +22,7 @@ import io
 import posixpath
 import re
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -71,8 +72,19 @@ _BLOCK_MARKER = re.compile(
     re.MULTILINE,
 )
 _READ_CHUNK_BYTES = 64 * 1024
-# Malformed XML, a missing part, a bad CRC, an encrypted part or an unknown compression method.
-_MALFORMED = (etree.LxmlError, zipfile.BadZipFile, KeyError, ValueError, OSError, RuntimeError, NotImplementedError)
+# Malformed XML, a missing part, a bad CRC or deflate stream, a part cut short, an encrypted part
+# or an unknown compression method.
+_MALFORMED = (
+    etree.LxmlError,
+    zipfile.BadZipFile,
+    zlib.error,
+    EOFError,
+    KeyError,
+    ValueError,
+    OSError,
+    RuntimeError,
+    NotImplementedError,
+)
 
 
 class _Unreadable(Exception):
@@ -87,10 +99,12 @@ def extract(data: bytes, *, max_text_chars: int) -> dict[str, Any]:
             return _read_package(archive, max_text_chars)
     except _Unreadable as exc:
         return failure(FAILURE_UNREADABLE, str(exc))
-    except _MALFORMED as exc:
-        return failure(FAILURE_UNREADABLE, f"The DOCX file could not be read: {exc}")
     except MemoryError:
         return failure(FAILURE_OUT_OF_MEMORY)
+    except _MALFORMED as exc:
+        if isinstance(exc, etree.LxmlError) and "Memory allocation failed" in str(exc):  # libxml2's own
+            return failure(FAILURE_OUT_OF_MEMORY)
+        return failure(FAILURE_UNREADABLE, f"The DOCX file could not be read: {exc}")
 
 
 def _read_package(archive: zipfile.ZipFile, max_text_chars: int) -> dict[str, Any]:
@@ -131,8 +145,9 @@ def _feed(archive: zipfile.ZipFile, name: str, target: "_PartHandler") -> None:
 
 def _read_chunks(archive: zipfile.ZipFile, name: str) -> Iterator[bytes]:
     """A part's bytes in chunks. zipfile stops each part at the size its directory entry declares
-    (failing the CRC check if the part holds more), and open_archive held those sizes to the
-    budgets, so a directory that understates a part cannot make it cost more."""
+    (failing the CRC check if the part holds more), and the web process held those sizes to the
+    budgets (open_archive) before it ran this one, so a directory that understates a part cannot
+    make it cost more."""
     with archive.open(name) as part:
         while chunk := part.read(_READ_CHUNK_BYTES):
             yield chunk

@@ -31,6 +31,7 @@ from django.conf import settings
 from kb.errors import ErrorCode, KBError
 from kb.ingestion import docx_text, html_text, pdf_text
 from kb.ingestion.archives import bounded_entry_count, open_archive
+from kb.ingestion.child_budget import FAILURE_OUT_OF_MEMORY
 from kb.ingestion.markdown_headings import first_title
 from kb.storable import storable_text
 
@@ -474,11 +475,6 @@ def _html_failure(failure: str, detail: str) -> KBError:
         html_text.FAILURE_TOO_MANY_ELEMENTS: _too_many_html_elements(),
         html_text.FAILURE_NO_TEXT: KBError(ErrorCode.LOAD_FAILED, "The HTML page has no readable text"),
         html_text.FAILURE_TOO_MUCH_TEXT: _too_much_text(f"{detail} characters"),
-        html_text.FAILURE_OUT_OF_MEMORY: KBError(
-            ErrorCode.LOAD_FAILED,
-            f"Reading the HTML page needed more than {settings.KB_HTML_MAX_MEMORY_BYTES} bytes of memory "
-            "(KB_HTML_MAX_MEMORY_BYTES)",
-        ),
     }
     return failures.get(failure, KBError(ErrorCode.LOAD_FAILED, "The HTML page could not be read"))
 
@@ -610,14 +606,25 @@ def _extract_in_child(
     if finished.returncode == -signal.SIGXCPU:
         raise KBError(ErrorCode.LOAD_FAILED, too_long)
     try:
-        return json.loads(finished.stdout)
+        answer = json.loads(finished.stdout)
     except ValueError:
+        if finished.returncode > 0:  # an exception its reader did not expect: the file, not a budget
+            message = (
+                f"{what[0].upper()}{what[1:]} could not be read (its reader stopped with status {finished.returncode})"
+            )
+            raise KBError(ErrorCode.LOAD_FAILED, message) from None
         # Killed, or out of memory where it could not even say so.
         raise KBError(
             ErrorCode.LOAD_FAILED,
             f"Reading {what} failed within its budget ({memory_setting}, {timeout_setting}); "
             f"the parser ended with status {finished.returncode}",
         ) from None
+    if answer.get("failure") == FAILURE_OUT_OF_MEMORY:
+        message = (
+            f"Reading {what} needed more than {getattr(settings, memory_setting)} bytes of memory ({memory_setting})"
+        )
+        raise KBError(ErrorCode.LOAD_FAILED, message)
+    return answer
 
 
 def _pdf_failure_message(failure: str, detail: str) -> str:
@@ -627,8 +634,6 @@ def _pdf_failure_message(failure: str, detail: str) -> str:
         "(KB_PDF_MAX_PAGES)",
         pdf_text.FAILURE_TOO_MUCH_TEXT: f"The PDF's text is longer than {settings.KB_MAX_TEXT_CHARS} characters "
         "(KB_MAX_TEXT_CHARS)",
-        pdf_text.FAILURE_OUT_OF_MEMORY: f"Reading the PDF needed more than {settings.KB_PDF_MAX_MEMORY_BYTES} bytes "
-        "of memory (KB_PDF_MAX_MEMORY_BYTES)",
     }.get(failure, f"The PDF could not be read: {detail}")
 
 
@@ -651,27 +656,13 @@ def _parse_docx(data: bytes) -> ParsedDocument:
     open_archive(data, kind="DOCX").close()  # its directory, held to the budgets before the child reads it
     options = {"max_text_chars": settings.KB_MAX_TEXT_CHARS}
     extracted = _extract_in_child(docx_text, data, options, what="the DOCX file", budgets="KB_DOCX")
-    if failure := extracted.get("failure"):
-        raise KBError(ErrorCode.LOAD_FAILED, _docx_failure_message(failure, extracted["detail"]))
+    if extracted.get("failure"):
+        raise KBError(ErrorCode.LOAD_FAILED, extracted["detail"])
     if not extracted["blocks"]:
         raise KBError(ErrorCode.LOAD_FAILED, "The DOCX file has no text")
     text = "\n\n".join(extracted["blocks"]) + "\n"
     if len(text) > settings.KB_MAX_TEXT_CHARS:  # the reader counts as it goes; this is the exact length
         raise _too_much_text(f"{len(text)} characters")
     title, author = extracted["title"], extracted["author"]
-    metadata: dict[str, Any] = {"author": author, "title": title} | extracted["dates"]
-    return ParsedDocument(
-        text=text,
-        content_type="docx",
-        title=title,
-        metadata={key: value for key, value in metadata.items() if value},
-    )
-
-
-def _docx_failure_message(failure: str, detail: str) -> str:
-    if failure == docx_text.FAILURE_OUT_OF_MEMORY:
-        return (
-            f"Reading the DOCX file needed more than {settings.KB_DOCX_MAX_MEMORY_BYTES} bytes of memory "
-            "(KB_DOCX_MAX_MEMORY_BYTES)"
-        )
-    return detail
+    metadata = {key: value for key, value in (("author", author), ("title", title)) if value} | extracted["dates"]
+    return ParsedDocument(text=text, content_type="docx", title=title, metadata=metadata)

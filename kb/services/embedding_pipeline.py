@@ -170,26 +170,30 @@ PRUNE_BATCH_SIZE = 10_000
 def vectors_prune(*, collection_id: int, doc_id: str | None = None) -> int:
     """Delete the collection's vectors (only the document's, if one is named) of the models it
     neither searches with nor is switching to, and return how many went: what a finished or
-    cancelled switch left, and what a worker that had loaded the collection before a switch wrote
+    cancelled switch left, and what a worker that had read the collection before a switch wrote
     after it. They are no use to this collection and slow every other collection's search through
     that model's HNSW index (its filtered scan walks past them).
 
-    The collection's models are read by each statement itself, so the vectors a switch that
-    starts meanwhile writes are never taken for leftovers."""
+    Each statement reads the collection's models itself and share-locks its row, as writers do
+    (collection_hold): a switch, which takes the row for update, waits for the statement, then
+    sees what it deleted; a statement that waited for a switch reads the models it set. So neither
+    a switch that starts meanwhile nor one back to the pruned model can lose vectors it needs."""
     document_chunks = "AND e.chunk_id IN (SELECT id FROM kb_chunk WHERE document_id = %(doc)s)" if doc_id else ""
     deleted = 0
     for model_id in EmbeddingModel.objects.values_list("pk", flat=True):  # a few: each its own index lookups
         while True:
             with connection.cursor() as cursor:
+                # By primary key: "id IN (subquery)" was planned as a scan of every collection's vectors.
                 cursor.execute(
                     f"""
-                    DELETE FROM kb_embedding WHERE id IN (
+                    DELETE FROM kb_embedding WHERE id = ANY(ARRAY(
                         SELECT e.id FROM kb_embedding AS e JOIN kb_collection AS c ON c.id = e.collection_id
                         WHERE e.model_id = %(model)s AND e.collection_id = %(collection)s {document_chunks}
                           AND c.embedding_model_id <> %(model)s
                           AND c.next_embedding_model_id IS DISTINCT FROM %(model)s
                         LIMIT %(batch)s
-                    )
+                        FOR KEY SHARE OF c
+                    ))
                     """,
                     {"model": model_id, "collection": collection_id, "doc": doc_id, "batch": PRUNE_BATCH_SIZE},
                 )

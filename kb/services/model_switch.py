@@ -5,6 +5,7 @@ that cannot go on records why; a curator retries or cancels it.
 """
 
 import logging
+from functools import partial
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef
@@ -79,7 +80,9 @@ def _drop_next_model(collection: Collection) -> None:
     collection.next_embedding_model = None
     collection.reembed_error, collection.reembed_stopped_at = "", None
     collection.save(update_fields=REEMBED_STATE_FIELDS)
-    vectors_prune(collection_id=collection.pk)  # the dropped model's, read as saved above
+    # Once committed: the row stays locked until then, and every writer of the collection waits.
+    # A failure is logged; a later re-embed of the collection prunes again.
+    transaction.on_commit(partial(vectors_prune, collection_id=collection.pk), robust=True)
 
 
 def collection_reembed_failed(*, collection_id: int, reason: str, stopped: bool) -> None:

@@ -56,16 +56,16 @@ def refused_data_uri(collection, data: bytes, content_type: str | None = None) -
 
 
 def rebuilt_docx(*, document_xml: bytes | None = None, extra_parts: dict[str, bytes] | None = None) -> bytes:
-    """An ordinary DOCX with its main document replaced and parts added."""
+    """An ordinary DOCX with its main document replaced, and parts replaced or added."""
     base = make_docx(title="Report", heading="Results", paragraphs=["Ingestion doubled."])
+    parts = dict(extra_parts or {})
+    if document_xml is not None:
+        parts["word/document.xml"] = document_xml
     out = io.BytesIO()
     with zipfile.ZipFile(io.BytesIO(base)) as source, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as target:
         for entry in source.infolist():
-            data = source.read(entry.filename)
-            if entry.filename == "word/document.xml" and document_xml is not None:
-                data = document_xml
-            target.writestr(entry.filename, data)
-        for name, data in (extra_parts or {}).items():
+            target.writestr(entry.filename, parts.pop(entry.filename, None) or source.read(entry.filename))
+        for name, data in parts.items():
             target.writestr(name, data)
     return out.getvalue()
 
@@ -137,6 +137,25 @@ def test_a_docx_reader_out_of_memory_names_its_budget(collection, settings):
         error.value.message
         == "Reading the DOCX file needed more than 67108864 bytes of memory (KB_DOCX_MAX_MEMORY_BYTES)"
     )
+
+
+def test_a_docx_whose_deflate_stream_is_corrupt_is_unreadable_not_over_a_budget(collection):
+    data = bytearray(rebuilt_docx(document_xml=body(b"<w:p><w:r><w:t>words</w:t></w:r></w:p>" * 2_000)))
+    start = data.index(b"word/document.xml") + len("word/document.xml")  # its local header's name, then data
+    data[start + 30 : start + 70] = bytes(range(40))  # "invalid literal/lengths set"
+    message = refused_upload(collection, "corrupt.docx", bytes(data))
+    assert message.startswith("The DOCX file could not be read: "), message
+    assert "KB_DOCX" not in message
+
+
+def test_a_docx_created_at_the_epoch_keeps_that_date(collection):
+    core = (
+        '<cp:coreProperties xmlns:cp="http://schemas.openxmlformats.org/package/2006/metadata/core-properties" '
+        'xmlns:dcterms="http://purl.org/dc/terms/"><dcterms:created>1970-01-01T00:00:00Z</dcterms:created>'
+        "<dcterms:modified>2024-05-01T12:00:00+02:00</dcterms:modified></cp:coreProperties>"
+    )
+    parsed = parse(rebuilt_docx(extra_parts={"docProps/core.xml": core.encode()}), content_type="docx")
+    assert parsed.metadata == {"creation_date": 0.0, "modification_date": 1714557600.0}
 
 
 def test_a_docx_with_too_many_entries_is_refused_before_they_are_listed(collection):
