@@ -30,6 +30,9 @@ _MAX_COMMENT_BYTES = 65535
 # Small XML parts (relationships, settings) legitimately shrink far more than 100:1; the ratio is
 # only meaningful, and only dangerous, for large entries.
 _RATIO_CHECKED_FROM_BYTES = 1024 * 1024
+# What zipfile raises for a directory it cannot list: malformed or cut short, a name that is not
+# the UTF-8 its flag says (UnicodeDecodeError, a ValueError), or a version it does not know.
+UNREADABLE_ZIP = (zipfile.BadZipFile, ValueError, EOFError, NotImplementedError)
 
 
 def open_archive(data: bytes, *, kind: str) -> zipfile.ZipFile:
@@ -42,7 +45,7 @@ def open_archive(data: bytes, *, kind: str) -> zipfile.ZipFile:
         )
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+    except UNREADABLE_ZIP as exc:
         raise KBError(ErrorCode.LOAD_FAILED, f"The {kind} file could not be read: {exc}") from None
     _check_declared_sizes(archive, kind)
     return archive

@@ -56,12 +56,12 @@ def extract(data: bytes, *, max_pages: int, max_text_chars: int) -> dict[str, An
 def _epoch_dates(info: Any) -> dict[str, float]:
     dates = {}
     for name in ("creation_date", "modification_date"):
-        try:
+        try:  # malformed date strings in the PDF's info dictionary, or dates no clock can show (D:00010101)
             value = getattr(info, name)
-        except (ValueError, TypeError):  # malformed date strings in the PDF's info dictionary
+            if isinstance(value, datetime):
+                dates[name] = value.timestamp()
+        except (ValueError, TypeError, OverflowError):
             continue
-        if isinstance(value, datetime):
-            dates[name] = value.timestamp()
     return dates
 
 

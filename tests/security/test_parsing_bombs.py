@@ -5,11 +5,13 @@ Ordinary documents still parse to the text they always gave."""
 
 import base64
 import io
+import struct
 import tracemalloc
 import zipfile
 import zlib
 
 import pytest
+from django.core.files.base import ContentFile
 
 from kb.errors import ErrorCode, KBError
 from kb.ingestion import docx_text, formats, html_text
@@ -156,6 +158,111 @@ def test_a_docx_created_at_the_epoch_keeps_that_date(collection):
     )
     parsed = parse(rebuilt_docx(extra_parts={"docProps/core.xml": core.encode()}), content_type="docx")
     assert parsed.metadata == {"creation_date": 0.0, "modification_date": 1714557600.0}
+
+
+def with_first_directory_entry(data: bytes, change) -> bytes:  # change(the bytes, the entry's offset)
+    changed = bytearray(data)
+    change(changed, changed.index(b"PK\x01\x02"))
+    return bytes(changed)
+
+
+def test_a_docx_needing_a_zip_version_zipfile_does_not_know_is_unreadable(collection):
+    # "version needed to extract" 9.9: NotImplementedError, a 500 at every door, and one such file
+    # in a folder had stopped its whole sync.
+    data = with_first_directory_entry(rebuilt_docx(), lambda zip_, at: struct.pack_into("<H", zip_, at + 6, 99))
+    assert refused_upload(collection, "version.docx", data) == "The DOCX file could not be read: zip file version 9.9"
+
+
+def test_a_zip_whose_names_are_not_the_utf8_its_flag_says_is_no_docx(collection):
+    def bad_name(zip_: bytearray, at: int) -> None:
+        flags = struct.unpack_from("<H", zip_, at + 8)[0]
+        struct.pack_into("<H", zip_, at + 8, flags | 0x800)
+        zip_[at + 46] = 0xFF
+
+    data = with_first_directory_entry(rebuilt_docx(), bad_name)
+    assert formats.detect_content_type(data=data, filename="noext") == "plain_text"  # sniffed: not a DOCX
+    assert refused_upload(collection, "noext", data) == "The content is a ZIP archive, not a supported document format"
+
+
+def test_one_file_a_parser_fails_on_unforeseen_is_refused_and_the_others_of_its_upload_are_stored(
+    collection, monkeypatch
+):
+    from kb.services.uploads import document_ingest_uploads
+
+    real_zipfile = zipfile.ZipFile
+
+    def failing_library(file, *args, **kwargs):  # zipfile's own failure, as on a hostile file
+        if args or kwargs:
+            return real_zipfile(file, *args, **kwargs)
+        raise LookupError("an error the library's authors did not foresee")
+
+    data = rebuilt_docx()
+    monkeypatch.setattr(zipfile, "ZipFile", failing_library)
+    files = [
+        ContentFile(b"# First", name="first.md"),
+        ContentFile(data, name="odd.docx"),
+        ContentFile(b"# Third", name="third.md"),
+    ]
+    report = document_ingest_uploads(collection=collection, uploads=files)
+    outcomes = [(item.source_uri, item.outcome, item.error and item.error.message) for item in report.items]
+    assert outcomes == [
+        ("upload://first.md", "created", None),
+        ("upload://odd.docx", "failed", "The file could not be read as docx"),
+        ("upload://third.md", "created", None),
+    ]
+    assert report.items[1].error.code == ErrorCode.LOAD_FAILED
+
+
+CORE = (
+    '<cp:coreProperties xmlns:cp="http://schemas.openxmlformats.org/package/2006/metadata/core-properties" '
+    'xmlns:dc="http://purl.org/dc/elements/1.1/" xmlns:dcterms="http://purl.org/dc/terms/">%s</cp:coreProperties>'
+)
+
+
+def test_a_docx_date_no_clock_can_show_is_left_out(collection):
+    # An OverflowError in the reader had refused the whole file.
+    dates = "<dcterms:created>0001-01-01T00:00:00+01:00</dcterms:created><dcterms:modified>9999-12-31T23:59:59-01:00</dcterms:modified>"
+    parsed = parse(rebuilt_docx(extra_parts={"docProps/core.xml": (CORE % dates).encode()}), content_type="docx")
+    assert "Ingestion doubled." in parsed.text and parsed.metadata == {}
+
+
+def test_a_pdf_date_no_clock_can_show_is_left_out(collection):
+    parsed = parse(make_pdf(["Year one"], title="Old", created="D:00010101000000"), content_type="pdf")
+    assert "Year one" in parsed.text
+    assert parsed.metadata == {"page_count": 1, "title": "Old"}
+
+
+def test_a_nul_in_a_pdf_s_text_is_stored_as_a_replacement_character(collection):
+    # Broken font encodings make pypdf give NULs; they had been refused as if the caller sent them.
+    stored = document_ingest_upload(collection=collection, filename="nul.pdf", data=make_pdf(["x\x00y and more"]))
+    assert "x\ufffdy and more" in Document.objects.get(pk=stored.document.pk).raw_content
+
+
+def test_a_docx_title_of_a_hundred_thousand_entities_is_read_in_linear_time(collection, settings):
+    settings.KB_DOCX_TIMEOUT_SECONDS = 5  # joined anew for each entity, it took 11 s
+    core = (CORE % ("<dc:title>" + "abcde&amp;" * 100_000 + "</dc:title>")).encode()
+    parsed = parse(rebuilt_docx(extra_parts={"docProps/core.xml": core}), content_type="docx")
+    assert parsed.title == ("abcde&" * 100)[: formats.FILE_METADATA_MAX_CHARS]
+
+
+def test_elements_nested_deep_in_a_paragraph_are_read_in_linear_time(collection, settings):
+    settings.KB_DOCX_TIMEOUT_SECONDS = 5  # copying the path below the paragraph for each, 20 s
+    paragraph = b"<w:p><w:r><w:t>kept</w:t></w:r>" + b"<x>" * 140_000 + b"</x>" * 140_000 + b"</w:p>"
+    assert parse(rebuilt_docx(document_xml=body(paragraph)), content_type="docx").text == "kept\n"
+
+
+def test_a_file_waits_for_a_parsing_slot_no_longer_than_its_budget(collection, settings):
+    settings.KB_DOCX_TIMEOUT_SECONDS = 1
+    held = 0
+    while formats._parsing_slots.acquire(blocking=False):  # every slot busy with another file
+        held += 1
+    try:
+        message = refused_upload(collection, "waiting.docx", rebuilt_docx())
+    finally:
+        for _ in range(held):
+            formats._parsing_slots.release()
+    assert held >= 1
+    assert message == "Reading the DOCX file waited more than 1 s for the other files being read to finish; try again"
 
 
 def test_a_docx_with_too_many_entries_is_refused_before_they_are_listed(collection):

@@ -4,7 +4,7 @@ import io
 from pathlib import Path
 
 
-def make_pdf(pages: list[str], *, title: str = "", author: str = "") -> bytes:
+def make_pdf(pages: list[str], *, title: str = "", author: str = "", created: str = "D:20240102030405Z") -> bytes:
     """A minimal but valid PDF: one Helvetica text line per page line, with an info dictionary."""
     objects: list[bytes] = []
 
@@ -31,7 +31,9 @@ def make_pdf(pages: list[str], *, title: str = "", author: str = "") -> bytes:
         b"<< /Type /Pages /Kids [" + b" ".join(b"%d 0 R" % p for p in page_ids) + b"] /Count %d >>" % len(page_ids)
     )
     catalog = add(b"<< /Type /Catalog /Pages %d 0 R >>" % pages_id)
-    info = add(b"<< /Title (%s) /Author (%s) /CreationDate (D:20240102030405Z) >>" % (title.encode(), author.encode()))
+    info = add(
+        b"<< /Title (%s) /Author (%s) /CreationDate (%s) >>" % (title.encode(), author.encode(), created.encode())
+    )
     objects = [body.replace(b"PAGES", str(pages_id).encode()) for body in objects]
     out = io.BytesIO()
     out.write(b"%PDF-1.4\n")
