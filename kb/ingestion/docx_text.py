@@ -116,13 +116,13 @@ def _read_package(archive: zipfile.ZipFile, max_text_chars: int) -> dict[str, An
         raise _Unreadable("The DOCX file could not be read: it has no main document part")
     style_names = _StyleNames()
     styles_name = _related_parts(archive, document_name, kinds=("styles",)).get("styles")
-    if styles_name:
+    if _holds(archive, styles_name):  # styles and properties are optional: Word reads a file without them
         _feed(archive, styles_name, style_names)
     body = _Body(style_names, max_text_chars)
     _feed(archive, document_name, body)
     properties = _CoreProperties()
     core_name = package_parts.get("core-properties")
-    if core_name:
+    if _holds(archive, core_name):
         _feed(archive, core_name, properties)
     dates = {
         name: parsed.timestamp()
@@ -135,6 +135,13 @@ def _read_package(archive: zipfile.ZipFile, max_text_chars: int) -> dict[str, An
         "author": properties.values.get("author", ""),
         "dates": dates,
     }
+
+
+def _holds(archive: zipfile.ZipFile, name: str | None) -> bool:
+    try:
+        return name is not None and archive.getinfo(name) is not None
+    except KeyError:
+        return False
 
 
 def _feed(archive: zipfile.ZipFile, name: str, target: "_PartHandler") -> None:
@@ -160,9 +167,7 @@ def _related_parts(archive: zipfile.ZipFile, source_name: str, *, kinds: tuple[s
     from a part ("" for the package)."""
     directory, base = posixpath.split(source_name)
     rels_name = posixpath.join(directory, "_rels", f"{base}.rels")
-    try:
-        archive.getinfo(rels_name)
-    except KeyError:
+    if not _holds(archive, rels_name):
         return {}
     relationships = _Relationships(kinds)
     _feed(archive, rels_name, relationships)

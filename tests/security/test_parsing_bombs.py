@@ -219,6 +219,17 @@ CORE = (
 )
 
 
+def test_a_docx_without_the_styles_and_properties_its_relationships_name_is_read(collection):
+    base = rebuilt_docx()
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(base)) as source, zipfile.ZipFile(out, "w") as target:
+        for entry in source.infolist():
+            if entry.filename not in ("word/styles.xml", "docProps/core.xml"):
+                target.writestr(entry.filename, source.read(entry.filename))
+    parsed = parse(out.getvalue(), content_type="docx")
+    assert "Ingestion doubled." in parsed.text and parsed.title == ""
+
+
 def test_a_docx_date_no_clock_can_show_is_left_out(collection):
     # An OverflowError in the reader had refused the whole file.
     dates = "<dcterms:created>0001-01-01T00:00:00+01:00</dcterms:created><dcterms:modified>9999-12-31T23:59:59-01:00</dcterms:modified>"
