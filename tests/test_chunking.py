@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 
+from kb.errors import ErrorCode, KBError
 from kb.ingestion import chunking
 from kb.ingestion.chunking import ChunkSettings, chunk_text, count_tokens
 from kb.ingestion.formats import Page, parse
@@ -325,3 +326,27 @@ def test_small_chunks_are_joined_as_before_when_words_are_ordinary():
     assert " ".join(draft.content for draft in drafts).split() == text.split()
     assert all(draft.token_count <= 64 for draft in drafts)
     assert all(draft.token_count >= 20 for draft in drafts[:-1])
+
+
+def test_a_long_text_waits_for_its_turn_to_be_split_no_longer_than_a_request_may_take(settings):
+    settings.KB_INGEST_REQUEST_SECONDS = 1
+    long_text = "Words of a long report. " * (chunking.LONG_TEXT_CHARS // 20)
+    chunk_settings = ChunkSettings(max_tokens=256, min_tokens=0)
+    held = 0
+    while chunking._long_text_turns.acquire(blocking=False):  # every turn taken by another long text
+        held += 1
+    try:
+        with pytest.raises(KBError) as error:
+            chunk_text(long_text, content_type="plain_text", settings=chunk_settings)
+        short = chunk_text("A short note.", content_type="plain_text", settings=chunk_settings)  # never waits
+    finally:
+        for _ in range(held):
+            chunking._long_text_turns.release()
+    assert held >= 1
+    assert error.value.code == ErrorCode.LOAD_FAILED
+    assert error.value.message == (
+        "Splitting the text waited more than 1 s for other long texts to be split (KB_INGEST_REQUEST_SECONDS); "
+        "try again"
+    )
+    assert [chunk.content for chunk in short] == ["A short note."]
+    assert len(chunk_text(long_text, content_type="plain_text", settings=chunk_settings)) > 1  # its turn came

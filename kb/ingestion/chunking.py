@@ -8,10 +8,12 @@ package, so a chunk's token count is what the default embedder sees.
 """
 
 import bisect
+import contextlib
 import functools
 import hashlib
 import importlib
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -19,6 +21,8 @@ from typing import Any
 
 from django.conf import settings
 
+from kb.embedding_providers import usable_cores
+from kb.errors import ErrorCode, KBError
 from kb.ingestion.formats import BRACKET_STEPS, MARKDOWN_LIKE_CONTENT_TYPES, Page
 from kb.ingestion.markdown_headings import markdown_headings
 
@@ -120,6 +124,31 @@ def _splitter(content_type: str, max_tokens: int, overlap_tokens: int) -> Any:
     return TextSplitter.from_huggingface_tokenizer(tokenizer(), max_tokens, overlap=overlap_tokens)
 
 
+# Long texts split at once in this process. The splitters run outside the GIL, a core each, so
+# eight uploads of 5 MB of text together had taken both cores, and searches waited 23-32 s. Half
+# the cores (at least one) leave the rest to everything else; shorter texts never wait.
+LONG_TEXT_CHARS = 100_000
+_long_text_turns = threading.BoundedSemaphore(max(1, usable_cores() // 2))
+
+
+@contextlib.contextmanager
+def _turn_for(text: str) -> Iterator[None]:
+    if len(text) <= LONG_TEXT_CHARS:
+        yield
+        return
+    waited = settings.KB_INGEST_REQUEST_SECONDS
+    if not _long_text_turns.acquire(timeout=waited):
+        raise KBError(
+            ErrorCode.LOAD_FAILED,
+            f"Splitting the text waited more than {waited} s for other long texts to be split "
+            "(KB_INGEST_REQUEST_SECONDS); try again",
+        )
+    try:
+        yield
+    finally:
+        _long_text_turns.release()
+
+
 def chunk_text(
     text: str,
     *,
@@ -127,7 +156,13 @@ def chunk_text(
     settings: ChunkSettings,
     pages: Sequence[Page] = (),
 ) -> list[ChunkDraft]:
-    """Split ``text`` into chunks; with ``pages``, no chunk crosses a page boundary."""
+    """Split ``text`` into chunks; with ``pages``, no chunk crosses a page boundary. A long text
+    waits for its turn (LONG_TEXT_CHARS)."""
+    with _turn_for(text):
+        return _chunk(text, content_type=content_type, settings=settings, pages=pages)
+
+
+def _chunk(text: str, *, content_type: str, settings: ChunkSettings, pages: Sequence[Page]) -> list[ChunkDraft]:
     structured = content_type in TREE_SITTER_GRAMMARS or content_type in MARKDOWN_LIKE_CONTENT_TYPES
     splitter_type = "plain_text" if structured and _too_deep_to_walk(text) else content_type
     splitter = _splitter(splitter_type, settings.max_tokens, settings.overlap_tokens)
