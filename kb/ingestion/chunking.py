@@ -125,7 +125,7 @@ def _splitter(content_type: str, max_tokens: int, overlap_tokens: int) -> Any:
 
 
 # Long texts split at once in this process. The splitters run outside the GIL, a core each, so
-# eight uploads of 5 MB of text together had taken both cores, and searches waited 23-32 s. Half
+# eight uploads of 4.9 M characters together had taken both cores, and searches waited 23-32 s. Half
 # the cores (at least one) leave the rest to everything else; shorter texts never wait.
 LONG_TEXT_CHARS = 100_000
 _long_text_turns = threading.BoundedSemaphore(max(1, usable_cores() // 2))
