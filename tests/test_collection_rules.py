@@ -113,3 +113,33 @@ def test_the_api_refuses_a_top_k_above_the_maximum_at_creation(db, client):
     response = post(client, "/api/collections", {"name": "notes", "search_top_k": MAX_TOP_K + 1})
     assert error_of(response)[1] == "INVALID_ARGUMENT"
     assert not Collection.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_model_is_asked_of_its_provider_before_the_collection_is_locked(settings):
+    """A PATCH had locked the collection, then asked the provider: every writer of the collection
+    waited for as long as the provider took to answer."""
+    from django.db import OperationalError, connection, transaction
+
+    from tests.support.fake_providers import _ollama_embed, remote_collection
+    from tests.support.http_server import serve
+
+    collection = remote_collection(settings, name="probed", model="model-a")
+    locked_while_asked = []
+
+    def answer(handler, body):
+        try:  # what a writer would wait for, taken at once or not at all
+            with transaction.atomic():
+                Collection.objects.select_for_update(nowait=True).get(pk=collection.pk)
+            locked_while_asked.append(False)
+        except OperationalError:  # could not obtain lock
+            locked_while_asked.append(True)
+        finally:
+            connection.close()  # this server thread's
+        return _ollama_embed(handler, body)
+
+    with serve({"/api/embed": answer}) as ollama:
+        settings.OLLAMA_HOST = ollama
+        updated = collection_update(collection=collection, embedding_model="model-b", search_top_k=5)
+    assert locked_while_asked == [False]
+    assert (updated.next_embedding_model.name, updated.search_top_k) == ("model-b", 5)

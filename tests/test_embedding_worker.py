@@ -343,3 +343,31 @@ def test_a_prune_waits_for_a_switch_back_to_the_model_it_prunes(settings):
     thread.join()
     assert (vectors_of(collection, model_a), vectors_of(collection, model_b)) == (chunk_count, 0)
     assert deleted == chunk_count
+
+
+def test_vectors_of_a_chunk_deleted_as_they_are_stored_are_skipped_not_a_key_error(settings):
+    """A chunk the batch had read was deleted (its document updated) and committed during the
+    insert: the foreign key's check failed the whole batch, and a switch under updates had gone
+    to "retrying", then "stopped", on that database error."""
+    collection = remote_collection(settings, name="updated", model="model-a")
+    document_create_from_text(collection=collection, source_uri="note://u", text=LONG_TEXT)
+    gone, kept = Chunk.objects.filter(collection=collection).order_by("id").values_list("id", "content")[:2]
+    deleting, deleted = threading.Event(), threading.Event()
+
+    def delete_meanwhile() -> None:
+        try:
+            with transaction.atomic():
+                Chunk.objects.filter(pk=gone[0]).delete()
+                deleting.set()
+                time.sleep(1)  # the insert starts meanwhile
+        finally:
+            deleted.set()
+            connection.close()
+
+    thread = threading.Thread(target=delete_meanwhile)
+    thread.start()
+    assert deleting.wait(10)
+    insert_vectors(collection.embedding_model, [gone[0], kept[0]], [fake_vector(gone[1]), fake_vector(kept[1])])
+    assert deleted.is_set()  # the insert waited for the deletion
+    thread.join()
+    assert list(Embedding.objects.filter(collection_id=collection.pk).values_list("chunk_id", flat=True)) == [kept[0]]

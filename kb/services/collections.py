@@ -174,6 +174,13 @@ def collection_update(
     changes = {name: value for name, value in changes.items() if value is not None}
     if semantic_weight is not None or clear_semantic_weight:
         changes["semantic_weight"] = semantic_weight
+    if embedding_provider or embedding_model:
+        # Asked of the provider before the row is locked: every writer of the collection waits for
+        # the lock, and a slow provider had held them all up for as long as it took to answer.
+        unlocked = Collection.objects.select_related("embedding_model").filter(pk=collection.pk).first()
+        provider = embedding_provider or (unlocked.embedding_model.provider if unlocked else "")
+        if provider:  # a deleted collection is refused below, as without a switch
+            embedding_model_choose(provider=provider, name=embedding_model)
     with transaction.atomic():
         current = Collection.objects.select_for_update().filter(pk=collection.pk).first()
         if current is None:  # deleted since the door found it

@@ -149,13 +149,17 @@ def insert_vectors(model: EmbeddingModel, chunk_ids: list[int], vectors: list[li
     """Store vectors of ``model`` for chunks that still exist; a chunk's existing vector is kept."""
     model = embedding_model_record_dimensions(model=model, dimensions=len(vectors[0]))
     with connection.cursor() as cursor:
-        # Only chunks that still exist: an update may have replaced them meanwhile.
+        # Only chunks that still exist: an update may have replaced them meanwhile. Share-locked as
+        # the foreign key's own check would: a deletion committed after this statement's snapshot
+        # then skips the chunk instead of failing the whole batch on the key (a switch under
+        # updates had gone to "retrying", then "stopped", on that error).
         cursor.execute(
             """
             INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at)
             SELECT c.id, %s, c.collection_id, v.vector::vector, now()
             FROM unnest(%s::bigint[], %s::text[]) AS v(chunk_id, vector)
             JOIN kb_chunk AS c ON c.id = v.chunk_id
+            FOR KEY SHARE OF c
             ON CONFLICT (chunk_id, model_id) DO NOTHING
             """,
             [model.pk, chunk_ids, [Vector(vector).to_text() for vector in vectors]],
