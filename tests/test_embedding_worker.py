@@ -1,9 +1,11 @@
 """Embedding through a real Celery worker process on the default file-system broker."""
 
+import contextlib
 import io
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.core.management import call_command
@@ -307,6 +309,31 @@ def vectors_of(collection: Collection, model_id: int) -> int:
     return Embedding.objects.filter(collection_id=collection.pk, model_id=model_id).count()
 
 
+@contextlib.contextmanager
+def another_transaction_holding(change: Callable[[], object]) -> Iterator[threading.Event]:
+    """While the block runs, another connection has made ``change`` and commits it a second later;
+    the event is set once it has committed."""
+    started, committed = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                change()
+                started.set()
+                time.sleep(1)  # the block starts meanwhile
+        finally:
+            committed.set()
+            connection.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield committed
+    finally:
+        thread.join()
+
+
 def test_cancelling_a_switch_deletes_the_next_model_s_vectors_at_once(settings):
     collection, model_a, model_b = collection_with_vectors_of_two_models(settings)
     chunk_count = Chunk.objects.filter(collection=collection).count()
@@ -322,25 +349,14 @@ def test_a_prune_waits_for_a_switch_back_to_the_model_it_prunes(settings):
     collection, model_a, model_b = collection_with_vectors_of_two_models(settings)
     chunk_count = Chunk.objects.filter(collection=collection).count()
     Collection.objects.filter(pk=collection.pk).update(embedding_model_id=model_b, next_embedding_model=None)
-    switching_back, switched_back = threading.Event(), threading.Event()
 
-    def switch_back() -> None:  # as collection_reembed_step completes a switch, row locked meanwhile
-        try:
-            with transaction.atomic():
-                Collection.objects.select_for_update().get(pk=collection.pk)
-                switching_back.set()
-                time.sleep(1)  # the prune starts meanwhile
-                Collection.objects.filter(pk=collection.pk).update(embedding_model_id=model_a)
-        finally:
-            switched_back.set()
-            connection.close()
+    def switch_back() -> None:  # as collection_reembed_step completes a switch: the row locked first
+        Collection.objects.select_for_update().get(pk=collection.pk)
+        Collection.objects.filter(pk=collection.pk).update(embedding_model_id=model_a)
 
-    thread = threading.Thread(target=switch_back)
-    thread.start()
-    assert switching_back.wait(10)
-    deleted = vectors_prune(collection_id=collection.pk)
-    assert switched_back.is_set()  # the prune waited for the switch
-    thread.join()
+    with another_transaction_holding(switch_back) as switched_back:
+        deleted = vectors_prune(collection_id=collection.pk)
+        assert switched_back.is_set()  # the prune waited for the switch
     assert (vectors_of(collection, model_a), vectors_of(collection, model_b)) == (chunk_count, 0)
     assert deleted == chunk_count
 
@@ -352,22 +368,7 @@ def test_vectors_of_a_chunk_deleted_as_they_are_stored_are_skipped_not_a_key_err
     collection = remote_collection(settings, name="updated", model="model-a")
     document_create_from_text(collection=collection, source_uri="note://u", text=LONG_TEXT)
     gone, kept = Chunk.objects.filter(collection=collection).order_by("id").values_list("id", "content")[:2]
-    deleting, deleted = threading.Event(), threading.Event()
-
-    def delete_meanwhile() -> None:
-        try:
-            with transaction.atomic():
-                Chunk.objects.filter(pk=gone[0]).delete()
-                deleting.set()
-                time.sleep(1)  # the insert starts meanwhile
-        finally:
-            deleted.set()
-            connection.close()
-
-    thread = threading.Thread(target=delete_meanwhile)
-    thread.start()
-    assert deleting.wait(10)
-    insert_vectors(collection.embedding_model, [gone[0], kept[0]], [fake_vector(gone[1]), fake_vector(kept[1])])
-    assert deleted.is_set()  # the insert waited for the deletion
-    thread.join()
+    with another_transaction_holding(lambda: Chunk.objects.filter(pk=gone[0]).delete()) as deleted:
+        insert_vectors(collection.embedding_model, [gone[0], kept[0]], [fake_vector(gone[1]), fake_vector(kept[1])])
+        assert deleted.is_set()  # the insert waited for the deletion
     assert list(Embedding.objects.filter(collection_id=collection.pk).values_list("chunk_id", flat=True)) == [kept[0]]
