@@ -259,7 +259,7 @@ def parse(data: bytes, *, content_type: str, filename: str = "") -> ParsedDocume
     except KBError:
         raise
     except Exception:  # a parser library's own failure on input nobody foresaw
-        logger.exception("reading a %s file (%s) failed", content_type, filename or "no name")
+        logger.exception("reading a %s file (%r) failed", content_type, filename)  # %r: a name may hold line breaks
         raise KBError(ErrorCode.LOAD_FAILED, f"The file could not be read as {content_type}") from None
 
 
