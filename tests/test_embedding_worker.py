@@ -16,7 +16,7 @@ from kb.models import Chunk, Collection, Document, DocumentStatus, Embedding, Wo
 from kb.selectors.collections import collection_reembedding
 from kb.services import embedding_pipeline
 from kb.services.collections import collection_create
-from kb.services.documents import document_create_from_text, document_mark_pending
+from kb.services.documents import collection_lock, document_create_from_text, document_mark_pending
 from kb.services.embedding_pipeline import document_claim, document_embed, insert_vectors, vectors_prune
 from kb.services.model_switch import collection_reembed_cancel, collection_reembed_step, collection_switch_model
 from tests.conftest import free_port, start_worker, wait_for
@@ -351,7 +351,7 @@ def test_a_prune_waits_for_a_switch_back_to_the_model_it_prunes(settings):
     Collection.objects.filter(pk=collection.pk).update(embedding_model_id=model_b, next_embedding_model=None)
 
     def switch_back() -> None:  # as collection_reembed_step completes a switch: the row locked first
-        Collection.objects.select_for_update().get(pk=collection.pk)
+        collection_lock(collection=collection)
         Collection.objects.filter(pk=collection.pk).update(embedding_model_id=model_a)
 
     with another_transaction_holding(switch_back) as switched_back:

@@ -21,6 +21,7 @@ from kb.models import (
 )
 from kb.search import validate_top_k
 from kb.selectors.collections import collection_get
+from kb.services.documents import collection_lock
 from kb.services.embedding_models import embedding_model_choose, embedding_model_default
 from kb.services.model_switch import collection_switch_model
 from kb.storable import check_storable
@@ -182,9 +183,7 @@ def collection_update(
         if provider:  # a deleted collection is refused below, as without a switch
             embedding_model_choose(provider=provider, name=embedding_model)
     with transaction.atomic():
-        current = Collection.objects.select_for_update().filter(pk=collection.pk).first()
-        if current is None:  # deleted since the door found it
-            raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}")
+        current = collection_lock(collection=collection)  # COLLECTION_NOT_FOUND if deleted since the door found it
         for name, value in changes.items():
             setattr(current, name, value)
         validate_chunk_settings(
@@ -216,10 +215,10 @@ def collection_delete(*, name: str, confirm: bool, how_to_confirm: str = "confir
     An unknown collection is COLLECTION_NOT_FOUND, confirmed or not; without ``confirm`` nothing
     is deleted (INVALID_ARGUMENT). ``how_to_confirm`` is the door's word for it (``--yes``)."""
     with transaction.atomic():
-        try:
-            collection = Collection.objects.select_for_update().get(name=name)
-        except Collection.DoesNotExist:
-            raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {name}") from None
+        found = Collection.objects.filter(name=name).first()
+        if found is None:
+            raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {name}")
+        collection = collection_lock(collection=found)
         if not confirm:
             raise KBError(
                 ErrorCode.INVALID_ARGUMENT,

@@ -192,15 +192,45 @@ def sources_lock(*, collection: Collection, source_uris: Iterable[str]) -> None:
 def collection_hold(*, collection: Collection) -> None:
     """Keep ``collection`` from being deleted until the transaction ends (its row FOR KEY SHARE),
     for a write of a row that refers to it: a deletion under way finishes first and the write is
-    COLLECTION_NOT_FOUND, instead of a foreign-key violation at commit (a 500)."""
+    COLLECTION_NOT_FOUND, instead of a foreign-key violation at commit (a 500). Its models stay
+    as the write read them too: a switch waits for the write (collection_lock)."""
     if not _collection_held(collection.pk):
         raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}")
 
 
 def _collection_held(collection_id: int) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM kb_collection WHERE id = %s FOR KEY SHARE", [collection_id])
+        # The shared turn first (collection_lock), then the row; a transaction that holds them
+        # already takes both again without waiting.
+        cursor.execute(
+            "WITH turn AS (SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))) "
+            "SELECT 1 FROM turn, kb_collection WHERE id = %s FOR KEY SHARE OF kb_collection",
+            [_collection_turn(collection_id), collection_id],
+        )
         return cursor.fetchone() is not None
+
+
+def collection_lock(*, collection: Collection) -> Collection:
+    """The collection as it is now, its row locked for update until the transaction ends: for what
+    changes the models its writers use (a switch, its end or cancel), its settings, or deletes it.
+    COLLECTION_NOT_FOUND if it was deleted.
+
+    Writers hold the row FOR KEY SHARE (collection_hold) and Postgres lets a new share locker
+    overtake a waiting update, so under steady writes a switch waited minutes, or for ever. So
+    both first take the collection's turn, an advisory lock (shared for writers, exclusive here),
+    which Postgres grants in the order asked: writers that come after a waiting switch wait for
+    it. Every transaction takes the turn before the row, never after it, so the two cannot
+    deadlock."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_collection_turn(collection.pk)])
+    locked = Collection.objects.select_for_update().filter(pk=collection.pk).first()
+    if locked is None:
+        raise KBError(ErrorCode.COLLECTION_NOT_FOUND, f"Collection not found: {collection.name}")
+    return locked
+
+
+def _collection_turn(collection_id: int) -> str:
+    return f"collection:{collection_id}"  # never a source's key (source_lock), which starts with a digit
 
 
 def collection_index_lock(*, collection_id: int) -> None:

@@ -14,6 +14,7 @@ from django.utils import timezone
 from kb.embedding_providers import embed_texts
 from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document, Embedding
+from kb.services.documents import collection_lock
 from kb.services.embedding_models import embedding_model_choose, model_name_for
 from kb.services.embedding_pipeline import insert_vectors, refresh_embedded_counts, unembedded_batch, vectors_prune
 from kb.task_queue import enqueue_collection_reembed
@@ -36,7 +37,7 @@ def collection_switch_model(*, collection: Collection, provider: str | None, mod
         return current
     model = embedding_model_choose(provider=provider, name=model_name)
     with transaction.atomic():
-        collection = Collection.objects.select_for_update().get(pk=collection.pk)
+        collection = collection_lock(collection=collection)
         if model.pk == collection.embedding_model_id:
             _drop_next_model(collection)
         else:
@@ -63,7 +64,7 @@ def collection_reembed_cancel(*, collection: Collection) -> Collection:
 
 def _locked_reembedding(collection: Collection) -> Collection:
     """The collection, locked for the transaction; refused unless it is being re-embedded."""
-    collection = Collection.objects.select_for_update().get(pk=collection.pk)
+    collection = collection_lock(collection=collection)
     if not collection.next_embedding_model_id:
         raise KBError(ErrorCode.INVALID_ARGUMENT, f"Collection {collection.name} is not being re-embedded")
     return collection
@@ -125,7 +126,10 @@ def _reembed_step(collection_id: int) -> bool:
             Collection.objects.filter(pk=collection_id).update(reembed_error="", reembed_stopped_at=None)
         return False
     with transaction.atomic():
-        collection = Collection.objects.select_for_update().get(pk=collection_id)
+        try:
+            collection = collection_lock(collection=collection)
+        except KBError:  # deleted meanwhile
+            return True
         if collection.next_embedding_model_id != model.pk:
             return True
         missing = Chunk.objects.filter(collection_id=collection_id).exclude(

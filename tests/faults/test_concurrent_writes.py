@@ -7,12 +7,12 @@ import time
 
 import anyio
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from kb.errors import ErrorCode, KBError
 from kb.models import Chunk, Collection, Document
 from kb.services.collections import collection_create, collection_delete, collection_update
-from kb.services.documents import document_create_from_text, document_delete
+from kb.services.documents import collection_hold, document_create_from_text, document_delete
 from kb.services.embedding_pipeline import document_claim, document_embed
 from kb.services.ingest import (
     ChunkInput,
@@ -140,6 +140,44 @@ def test_concurrent_settings_changes_keep_each_others_fields():
     assert (collection.description, collection.search_top_k, collection.search_hybrid, collection.semantic_weight) == (
         "described", 7, False, 0.3
     )  # fmt: skip
+
+
+def test_writers_that_come_after_a_waiting_settings_change_wait_for_it():
+    """Writers hold the collection's row FOR KEY SHARE, and Postgres lets a new share locker
+    overtake one waiting to update the row: under four steady writers a model switch waited 9-120 s
+    for its turn, or never got it. A writer held one second, a settings change waits for it, a
+    second writer comes: it must see the change, as the change went first."""
+    collection = collection_create(name="fair")
+    first_holds, second_asked = threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def first_writer() -> None:
+        with transaction.atomic():
+            collection_hold(collection=collection)
+            first_holds.set()
+            second_asked.wait(timeout=30)
+            time.sleep(0.5)  # the second writer asks meanwhile
+
+    def change() -> None:
+        collection_update(collection=collection, description="changed")
+
+    def second_writer() -> None:
+        second_asked.set()
+        with transaction.atomic():
+            collection_hold(collection=collection)
+            outcomes["seen"] = Collection.objects.get(pk=collection.pk).description
+
+    threads = [threading.Thread(target=recorded(first_writer, outcomes, "first"))]
+    threads[0].start()
+    assert first_holds.wait(timeout=30)
+    threads.append(threading.Thread(target=recorded(change, outcomes, "change")))
+    threads[1].start()
+    wait_for_a_lock_wait()
+    threads.append(threading.Thread(target=recorded(second_writer, outcomes, "second")))
+    threads[2].start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert outcomes == {"seen": "changed"}
 
 
 @pytest.fixture(scope="module")
