@@ -7,6 +7,7 @@ are due every KB_SYNC_TICK_SECONDS, so no separate beat process is needed, whate
 
 import logging
 import os
+import time
 from typing import Any
 
 from celery import Celery, bootsteps
@@ -19,6 +20,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 TRANSPORT_ALIASES["filesystem"] = "kb.file_broker:Transport"
 
 logger = logging.getLogger(__name__)
+
+# How long a task handed to the pool may wait for a process before the pool counts as wedged
+# (FreeWedgedPool): a new process starts in a second or two.
+POOL_WEDGED_SECONDS = 10
 
 app = Celery("kb")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -115,6 +120,53 @@ class SyncSources(_Repeating):
         sync_tick()
 
 
+class FreeWedgedPool(_Repeating):
+    """Free the worker's pool when a process of it died holding the lock of its task pipe.
+
+    With a broker that has no event loop (the default file broker), Celery's prefork pool is
+    billiard's blocking pool: every pool process reads tasks from one pipe, and an idle one waits
+    in that read holding the pipe's lock. One killed while idle (the OOM killer, a stray kill -9)
+    dies holding it; its replacement then waits for the lock for ever, and the worker keeps the
+    task it reserved and takes no other (seen in 2 of 2 trials, while /health said all was well).
+
+    A task handed to the pool that no process has taken for POOL_WEDGED_SECONDS means just that:
+    a live reader holding the lock would have taken it within milliseconds, and the worker reserves
+    no more tasks than it has processes, so one of them is free. The lock is then released once.
+    A lock that is free (a process slow to start) is left alone."""
+
+    interval_setting = "KB_SWEEP_INTERVAL_SECONDS"
+    failure = "checking the worker's pool failed"
+
+    def prepare(self, parent: Any) -> None:
+        inqueue = getattr(getattr(parent.pool, "_pool", None), "_inqueue", None)
+        self.pipe_lock = getattr(inqueue, "_rlock", None)  # None: the pool has no shared pipe
+        self.waiting_since: dict[str, float] = {}
+
+    def tick(self) -> None:
+        from celery.worker import state
+
+        if self.pipe_lock is None:
+            return
+        now = time.monotonic()
+        try:
+            waiting = {request.id for request in state.reserved_requests if request not in state.active_requests}
+        except RuntimeError:  # the set changed as it was read (the consumer's thread): the next tick
+            return
+        self.waiting_since = {task: self.waiting_since.get(task, now) for task in waiting}
+        if not any(now - since >= POOL_WEDGED_SECONDS for since in self.waiting_since.values()):
+            return
+        if self.pipe_lock.acquire(False):  # free: nobody holds it, so nothing to free
+            self.pipe_lock.release()
+            return
+        self.pipe_lock.release()
+        self.waiting_since = {}
+        logger.error(
+            "a task waited %d s for a pool process: one died holding the lock of the pool's task pipe; released",
+            POOL_WEDGED_SECONDS,
+        )
+
+
 app.steps["consumer"].add(SweepStaleDocuments)
 app.steps["consumer"].add(SyncSources)
 app.steps["consumer"].add(Heartbeat)
+app.steps["consumer"].add(FreeWedgedPool)

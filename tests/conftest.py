@@ -48,6 +48,18 @@ def child_env() -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session", autouse=True)
+def empty_broker_queue() -> None:
+    """Start with no message in the default broker's folder (var/test/celery): what earlier sessions
+    queued with no worker to take it would come first to this session's workers, and a worker test
+    would wait behind thousands of them."""
+    from django.conf import settings
+
+    if settings.CELERY_BROKER_URL == "filesystem://":
+        for message in (settings.CELERY_DIR / "queue").glob("*.msg"):
+            message.unlink(missing_ok=True)
+
+
 @pytest.fixture(autouse=True)
 def answer_writes_at_once() -> Iterator[None]:
     """Most tests run no worker: MCP writes answer at once instead of waiting to be searchable

@@ -11,6 +11,7 @@ import signal
 import statistics
 import time
 
+import psutil
 import pytest
 from django.db.models import Count
 
@@ -113,3 +114,29 @@ def test_a_live_worker_keeps_its_document_through_a_provider_call_longer_than_th
                     worker.stop()
     # Claimed once: the second worker's sweeps found the lease renewed every time.
     assert Document.objects.get(pk=document.pk).embed_attempts == 1
+
+
+def test_a_worker_whose_idle_pool_process_was_killed_goes_on_taking_tasks(tmp_path, settings):
+    """An idle pool process waits for its next task holding the lock of the pool's task pipe
+    (billiard's blocking pool, under the default file broker). SIGKILLed there, it had left its
+    replacement waiting for that lock for ever: the worker held the next task and ran none."""
+    with fake_ollama() as base:
+        settings.OLLAMA_HOST = base
+        collection = collection_create(name="idle", embedding_provider="ollama", embedding_model="fake-embed")
+        worker = start_worker(tmp_path, extra_env={"OLLAMA_HOST": base}, name="idle")
+        try:
+            wait_for(lambda: WorkerHeartbeat.objects.exists(), timeout=60, what="the worker to listen")
+            (idle,) = psutil.Process(worker.process.pid).children()
+            wait_for(lambda: idle.status() == psutil.STATUS_SLEEPING, timeout=30, what="the pool process to wait")
+            time.sleep(1)  # in its read of the pipe, holding the lock
+            idle.kill()
+            wait_for(lambda: _pool_pids(worker) - {idle.pid}, timeout=30, what="a new pool process")
+            document = document_create_from_text(collection=collection, source_uri="note://next", text="Lift.").document
+            wait_for(lambda: _status(document) == DocumentStatus.READY, timeout=60, what="the document to be ready")
+        finally:
+            worker.stop()
+    assert "released" in worker.log()
+
+
+def _pool_pids(worker) -> set[int]:
+    return {child.pid for child in psutil.Process(worker.process.pid).children()}
