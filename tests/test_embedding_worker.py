@@ -361,6 +361,44 @@ def test_a_prune_waits_for_a_switch_back_to_the_model_it_prunes(settings):
     assert deleted == chunk_count
 
 
+def test_a_re_embed_batch_never_deadlocks_with_a_writer_deleting_its_chunks_in_another_order(settings):
+    """A re-embed batch share-locked its chunks one by one in the batch's order and waited for any
+    a writer was deleting; a writer deleting the same chunks in another order then waited for it:
+    deadlock (SQLSTATE 40P01), which failed the write or the switch's step."""
+    collection = remote_collection(settings, name="reordered", model="model-a")
+    document_create_from_text(collection=collection, source_uri="note://r", text=LONG_TEXT)
+    first, second = Chunk.objects.filter(collection=collection).order_by("id").values_list("id", "content")[:2]
+    second_deleted, batch_stored = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def delete_second_then_first() -> None:
+        try:
+            with transaction.atomic():
+                Chunk.objects.filter(pk=second[0]).delete()
+                second_deleted.set()
+                batch_stored.wait(timeout=3)  # waited for in vain before: the batch waited for this
+                Chunk.objects.filter(pk=first[0]).delete()
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            errors.append(error)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=delete_second_then_first)
+    writer.start()
+    assert second_deleted.wait(timeout=30)
+    try:
+        insert_vectors(
+            collection.embedding_model, [first[0], second[0]], [fake_vector(first[1]), fake_vector(second[1])],
+            skip_locked=True,
+        )  # fmt: skip
+        batch_stored.set()
+    finally:
+        writer.join(timeout=60)
+    assert errors == []
+    assert not Chunk.objects.filter(pk__in=[first[0], second[0]]).exists()
+    assert not Embedding.objects.filter(chunk_id__in=[first[0], second[0]]).exists()
+
+
 def test_vectors_of_a_chunk_deleted_as_they_are_stored_are_skipped_not_a_key_error(settings):
     """A chunk the batch had read was deleted (its document updated) and committed during the
     insert: the foreign key's check failed the whole batch, and a switch under updates had gone

@@ -145,8 +145,15 @@ def _store_vectors(document: Document, model: EmbeddingModel, chunk_ids: list[in
     return True
 
 
-def insert_vectors(model: EmbeddingModel, chunk_ids: list[int], vectors: list[list[float]]) -> None:
-    """Store vectors of ``model`` for chunks that still exist; a chunk's existing vector is kept."""
+def insert_vectors(
+    model: EmbeddingModel, chunk_ids: list[int], vectors: list[list[float]], *, skip_locked: bool = False
+) -> None:
+    """Store vectors of ``model`` for chunks that still exist; a chunk's existing vector is kept.
+
+    ``skip_locked``: a chunk that a transaction is deleting is left out at once instead of waited
+    for, for a caller that holds no lock of the chunks' documents (a collection's re-embed, which
+    finds a chunk left out again if it stays). Waiting, its share locks, taken chunk by chunk in
+    the batch's order, deadlocked with writers deleting the same chunks in another order."""
     model = embedding_model_record_dimensions(model=model, dimensions=len(vectors[0]))
     with connection.cursor() as cursor:
         # Only chunks that still exist: an update may have replaced them meanwhile. Share-locked as
@@ -154,12 +161,12 @@ def insert_vectors(model: EmbeddingModel, chunk_ids: list[int], vectors: list[li
         # then skips the chunk instead of failing the whole batch on the key (a switch under
         # updates had gone to "retrying", then "stopped", on that error).
         cursor.execute(
-            """
+            f"""
             INSERT INTO kb_embedding (chunk_id, model_id, collection_id, vector, created_at)
             SELECT c.id, %s, c.collection_id, v.vector::vector, now()
             FROM unnest(%s::bigint[], %s::text[]) AS v(chunk_id, vector)
             JOIN kb_chunk AS c ON c.id = v.chunk_id
-            FOR KEY SHARE OF c
+            FOR KEY SHARE OF c {"SKIP LOCKED" if skip_locked else ""}
             ON CONFLICT (chunk_id, model_id) DO NOTHING
             """,
             [model.pk, chunk_ids, [Vector(vector).to_text() for vector in vectors]],

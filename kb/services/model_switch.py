@@ -121,7 +121,7 @@ def _reembed_step(collection_id: int) -> bool:
     batch = unembedded_batch(Chunk.objects.filter(collection_id=collection_id), model)
     if batch:
         vectors = embed_texts(model.provider, model.name, [text for _, text in batch])
-        insert_vectors(model, [chunk_id for chunk_id, _ in batch], vectors)
+        insert_vectors(model, [chunk_id for chunk_id, _ in batch], vectors, skip_locked=True)
         if collection.reembed_error:  # going again after a failure
             Collection.objects.filter(pk=collection_id).update(reembed_error="", reembed_stopped_at=None)
         return False
