@@ -149,12 +149,18 @@ def document_keep_if_unchanged(
 ) -> StoredDocument | None:
     """The stored document of ``source_uri`` when it already holds this content (``metadata``
     merged into it), else None: callers check this before parsing, so an unchanged file costs a
-    read and a hash, no parse, no chunking, no embedding."""
+    read and a hash, no parse, no chunking, no embedding.
+
+    Looked up without a lock first, and locked only when it holds the content: a sync keeps its
+    transaction open through a changed file's parse (the document commits with the sync's record
+    of it), and the source's lock, with the collection's BM25 counters, had held up every writer
+    of the collection (and any switch) for that parse, up to the 20 s a PDF may take."""
+    held = Document.objects.filter(collection=collection, source_uri=source_uri, content_hash=source_hash)
+    if not held.exists():
+        return None
     with transaction.atomic():
         source_lock(collection=collection, source_uri=source_uri)
-        document = Document.objects.filter(
-            collection=collection, source_uri=source_uri, content_hash=source_hash
-        ).first()
+        document = held.first()
         return None if document is None else _unchanged(document, metadata)
 
 

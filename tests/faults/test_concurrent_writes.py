@@ -10,6 +10,7 @@ import pytest
 from django.db import connection, transaction
 
 from kb.errors import ErrorCode, KBError
+from kb.ingestion.formats import parse
 from kb.models import Chunk, Collection, Document
 from kb.services.collections import collection_create, collection_delete, collection_update
 from kb.services.documents import collection_hold, document_create_from_text, document_delete
@@ -22,6 +23,7 @@ from kb.services.ingest import (
     document_store_chunks,
     ingest_refusals_record,
 )
+from kb.services.sources import source_create, sync_execute, sync_start
 from tests.support.mcp_client import committed_db, http_session, structured, tool_threads  # noqa: F401
 from tests.support.mcp_server import uvicorn_server
 
@@ -178,6 +180,47 @@ def test_writers_that_come_after_a_waiting_settings_change_wait_for_it():
     for thread in threads:
         thread.join(timeout=60)
     assert outcomes == {"seen": "changed"}
+
+
+def test_a_sync_parsing_a_changed_file_holds_up_no_other_writer(settings, tmp_path, monkeypatch):
+    """A sync keeps its transaction open through a file's parse (the document commits with the
+    sync's record of it); it had taken the source's lock, with the collection's BM25 counters,
+    before parsing, so every writer of the collection waited for the parse (up to 20 s)."""
+    settings.KB_FILE_ROOTS = [str(tmp_path)]
+    (tmp_path / "slow.md").write_text("# Slow\n\nA file whose parse takes its time.\n")
+    collection = collection_create(name="syncing")
+    source = source_create(collection=collection, name="slow", folder=str(tmp_path))
+    parsing, parsed = threading.Event(), threading.Event()
+
+    def slow_parse(*args, **kwargs):
+        parsing.set()
+        assert parsed.wait(timeout=30)
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr("kb.services.ingest.parse", slow_parse)
+    outcomes: dict[str, object] = {}
+
+    def run_sync() -> None:
+        outcomes["added"] = sync_execute(run_id=sync_start(source=source).run.pk, worker="test").added
+
+    syncing = threading.Thread(target=recorded(run_sync, outcomes, "sync"))
+    syncing.start()
+    assert parsing.wait(timeout=30)
+    writer = threading.Thread(
+        target=recorded(
+            lambda: document_create_from_text(collection=collection, source_uri="note://n", text="Lift."),
+            outcomes,
+            "note",
+        )
+    )
+    writer.start()
+    writer.join(timeout=10)
+    written_during_the_parse = not writer.is_alive()
+    parsed.set()
+    for thread in (writer, syncing):
+        thread.join(timeout=60)
+    assert written_during_the_parse
+    assert outcomes == {"added": 1}
 
 
 @pytest.fixture(scope="module")
