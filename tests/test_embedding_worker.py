@@ -272,6 +272,7 @@ def test_vectors_a_re_embed_step_writes_as_its_switch_is_cancelled_are_deleted(s
     monkeypatch.setattr(embedding_pipeline, "PRUNE_BATCH_SIZE", 3)  # a batch of vectors takes several statements
     collection = remote_collection(settings, name="cancelled", model="old-model")
     document_create_from_text(collection=collection, source_uri="note://c", text=LONG_TEXT)
+    Document.objects.filter(collection=collection).update(status=DocumentStatus.READY)  # as if embedded
     old_model_id = collection.embedding_model_id
 
     def cancelled_meanwhile(handler, body):
@@ -290,6 +291,23 @@ def test_vectors_a_re_embed_step_writes_as_its_switch_is_cancelled_are_deleted(s
         assert collection_reembed_step(collection_id=collection.pk) is True
     assert Embedding.objects.filter(collection_id=collection.pk, model_id=next_model_id).count() == 0
     assert Collection.objects.get(pk=collection.pk).embedding_model_id == old_model_id
+
+
+def test_a_switch_finishes_without_the_documents_a_worker_is_still_to_embed(settings):
+    """Steady writes keep adding documents that wait for a worker; counted among what a switch
+    had to re-embed first, they kept it from ever finishing (0 of 2 switches at 35 writes/s in
+    90 s). Their own worker embeds them with the new model once the switch is made."""
+    collection, _, model_b = collection_with_vectors_of_two_models(settings)
+    Document.objects.filter(collection=collection).update(status=DocumentStatus.READY)
+    waiting = document_create_from_text(collection=collection, source_uri="note://new", text="Drag at Mach 2.")
+    assert collection_reembed_step(collection_id=collection.pk) is True
+    assert Collection.objects.get(pk=collection.pk).embedding_model_id == model_b
+    with fake_openai() as openai:
+        settings.OPENAI_BASE_URL = openai
+        assert document_claim(doc_id=waiting.document.pk)
+        assert document_embed(doc_id=waiting.document.pk) == DocumentStatus.READY
+    vectors = Embedding.objects.filter(chunk__document=waiting.document).values_list("model_id", flat=True)
+    assert sorted(vectors) == [model_b] * waiting.document.chunk_count
 
 
 def collection_with_vectors_of_two_models(settings) -> tuple[Collection, int, int]:
