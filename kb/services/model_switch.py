@@ -96,7 +96,8 @@ def collection_reembed_failed(*, collection_id: int, reason: str, stopped: bool)
 def collection_reembed_step(*, collection_id: int) -> bool:
     """Embed one batch of the collection's chunks with its next model; True when finished.
 
-    When no chunk lacks a vector of the next model, the models are switched under the
+    When no chunk lacks a vector of the next model (but those of documents a worker is still to
+    embed, _settled_chunks), the models are switched under the
     collection's row lock, so a concurrent ingest either sees the old pair or the new one. A
     finished re-embed (switched, cancelled or replaced by another switch) then deletes the vectors
     of the models the collection no longer uses (``vectors_prune``): the old model's after a switch,
