@@ -4,6 +4,11 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# The lock files list every package with its hashes, so pip installs exactly them and resolves
+# nothing: the resolver of Python 3.11's own pip (23.2) refused the lock as "not pinned" once
+# PyPI had an lxml newer than the locked one (a dependency asks for `lxml[html_clean]>=4.4.2`).
+# `pip check` then confirms that the lock is complete.
+LOCKED_PIP := $(PIP) --no-deps --require-hashes
 RUNTIME := $(VENV)/.runtime-installed
 DEV := $(VENV)/.dev-installed
 TORCH := $(VENV)/.torch-installed
@@ -15,11 +20,13 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(RUNTIME): requirements.txt | $(VENV)/bin/python
-	$(PIP) -r requirements.txt
+	$(LOCKED_PIP) -r requirements.txt
+	$(PY) -m pip check
 	touch $@
 
 $(DEV): requirements-dev.txt | $(VENV)/bin/python
-	$(PIP) -r requirements-dev.txt
+	$(LOCKED_PIP) -r requirements-dev.txt
+	$(PY) -m pip check
 	touch $@ $(RUNTIME)
 
 # Optional: sentence-transformers + PyTorch (CPU) for other local models, and the benchmarks
