@@ -14,7 +14,7 @@ DEV := $(VENV)/.dev-installed
 TORCH := $(VENV)/.torch-installed
 STAMP := $(DEV)  # what lint and the benchmarks need
 
-.PHONY: run test test-security browser lint lock torch bench bench-quality bench-headings bench-search bench-ingest bench-mcp bench-embedding bench-sync bench-load clean-test-data
+.PHONY: run test test-security browser lint lock torch bench bench-quality bench-fusion-stress bench-headings bench-search bench-ingest bench-mcp bench-embedding bench-sync bench-load clean-test-data
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,9 @@ bench-ingest: $(STAMP)
 
 bench-quality: $(STAMP)
 	$(PY) bench/quality.py
+
+bench-fusion-stress: $(STAMP)
+	$(PY) bench/fusion_stress.py
 
 bench-headings: $(STAMP)
 	$(PY) bench/headings.py
