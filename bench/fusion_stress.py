@@ -4,9 +4,10 @@ The shared sets have no collection where BM25 is far ahead of dense search (BEIR
 and TREC-COVID are such). This makes one: each query's vector is moved by Gaussian noise of
 growing size (sigma, fixed seed), which lowers semantic nDCG@10 step by step while the keyword
 half stays as it is. For every step it prints nDCG@10 of keyword, semantic, hybrid as the search
-service fuses by default (convex, w = KB_SEMANTIC_WEIGHT's default 0.7, over each half's top
-100 with both scores known) and the RRF reference (k 60, equal weights), then hybrid minus the
-better half and minus RRF: issue 14's acceptance wants both >= -0.005.
+service fuses by default (kb.search.fusion's convex ``Relevance`` at KB_SEMANTIC_WEIGHT, over each
+half's top 100 with both scores known) and bench/quality.py's RRF reference (k 60, equal
+weights), then hybrid minus the better half and minus RRF: issue 14's acceptance wants both
+>= -0.005.
 
 In memory, to be quick: bm25s' tokens (English stemmer and stop words) with k1 1.5, b 0.75 and
 Lucene's idf (the service's BM25 formula; ``full_match`` as kb.search.bm25 computes it), one
@@ -19,16 +20,12 @@ to, bench/quality.py's service figures. Document vectors are kept in var/bench-f
 import argparse
 import math
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
+from common import ROOT, load_beir, setup_django
+from quality import DEPTH, measured, rrf_reference
 
-from bench.common import load_beir, ndcg_at, setup_django
-
-CACHE = Path(__file__).resolve().parent.parent / "var" / "bench-fusion"
-DEPTH = 100
-WEIGHT = 0.7
-RRF_K = 60
+CACHE = ROOT / "var" / "bench-fusion"
 
 
 def document_texts(corpus: list[dict]) -> list[str]:
@@ -36,8 +33,9 @@ def document_texts(corpus: list[dict]) -> list[str]:
 
 
 def keyword_half(corpus: list[dict], queries: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """BM25 of every document for every query, and each query's full-match scale (the sum of its
-    terms' idf: a score of one occurrence of each in a document of average length, times k1 + 1)."""
+    """bm25s' score of every document for every query, and each query's full-match scale on the
+    same footing: bm25s multiplies by k1 + 1, which kb.search.bm25 leaves out of both, so the
+    keyword part (score over full match) is the service's."""
     import bm25s
     import Stemmer
 
@@ -69,32 +67,24 @@ def document_vectors(name: str, corpus: list[dict]) -> np.ndarray:
     return vectors
 
 
-def top(scores: np.ndarray, depth: int = DEPTH) -> np.ndarray:
-    order = np.argsort(-scores, kind="stable")[:depth]
-    return order[scores[order] > 0]
+def top(scores: np.ndarray, *, matching_only: bool) -> list[int]:
+    order = np.argsort(-scores, kind="stable")[:DEPTH]
+    return (order[scores[order] > 0] if matching_only else order).tolist()
 
 
-def fused(bm25: np.ndarray, full_match: float, cosine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One query's convex scores (the service's default) and RRF scores; -1 / 0 off the lists."""
-    keyword_top, semantic_top = top(bm25), np.argsort(-cosine, kind="stable")[:DEPTH]
-    candidates = np.union1d(keyword_top, semantic_top)
-    convex = np.full(len(cosine), -1.0)
-    keyword_part = np.minimum(1.0, bm25[candidates] / full_match) if full_match else 0.0
-    convex[candidates] = WEIGHT * np.clip(cosine[candidates], 0, 1) + (1 - WEIGHT) * keyword_part
-    rrf = np.zeros(len(cosine))
-    for ranked in (keyword_top, semantic_top):
-        rrf[ranked] += 1 / (RRF_K + np.arange(1, len(ranked) + 1))
-    return convex, rrf
+def hybrid_ranking(
+    keyword: list[int], semantic: list[int], bm25: np.ndarray, full_match: float, cosine: np.ndarray
+) -> list[int]:
+    """The service's default ranking of one query's candidates: the union of both top lists."""
+    from django.conf import settings
 
+    from kb.search.fusion import Relevance
 
-def mean_ndcg(rankings: list[np.ndarray], ids: list[str], queries: list[dict], qrels: dict) -> float:
-    return float(
-        np.mean([ndcg_at([ids[i] for i in r[:10]], qrels[q["_id"]]) for q, r in zip(queries, rankings, strict=True)])
+    candidates = sorted(set(keyword) | set(semantic))
+    scores = Relevance(full_match, settings.KB_SEMANTIC_WEIGHT).of_each(
+        candidates, {c: float(cosine[c]) for c in candidates}, {c: float(bm25[c]) for c in candidates}
     )
-
-
-def ranked(scores: list[np.ndarray]) -> list[np.ndarray]:
-    return [np.argsort(-s, kind="stable")[:10] for s in scores]
+    return sorted(candidates, key=lambda c: (-scores[c], c))
 
 
 def stress(name: str, sigmas: list[float]) -> None:
@@ -102,21 +92,29 @@ def stress(name: str, sigmas: list[float]) -> None:
 
     corpus, queries, qrels = load_beir(name)
     ids = [row["_id"] for row in corpus]
+    query_ids = [query["_id"] for query in queries]
     bm25, full_match = keyword_half(corpus, queries)
+    keyword_tops = [top(scores, matching_only=True) for scores in bm25]
+    keyword = measured({q: [ids[i] for i in t] for q, t in zip(query_ids, keyword_tops, strict=True)}, qrels)[0]
     documents = document_vectors(name, corpus)
     vectors = OnnxMiniLMEmbedder(PACKAGED_MODEL).embed_array([query["text"] for query in queries])
     noise = np.random.default_rng(0).standard_normal(vectors.shape).astype(np.float32)
     noise /= np.linalg.norm(noise, axis=1, keepdims=True)
-    keyword = mean_ndcg([top(s) for s in bm25], ids, queries, qrels)  # matching documents only
     print(f"\n{name} ({len(queries)} queries): keyword {keyword:.3f}")
     print("sigma | semantic | hybrid (default) | RRF | hybrid - better half | hybrid - RRF")
     for sigma in sigmas:
         moved = vectors + sigma * noise
         cosine = (moved / np.linalg.norm(moved, axis=1, keepdims=True)) @ documents.T
-        pairs = [fused(bm25[i], full_match[i], cosine[i]) for i in range(len(queries))]
-        semantic = mean_ndcg(ranked(list(cosine)), ids, queries, qrels)
-        hybrid = mean_ndcg(ranked([convex for convex, _ in pairs]), ids, queries, qrels)
-        rrf = mean_ndcg(ranked([rrf for _, rrf in pairs]), ids, queries, qrels)
+        semantic_tops = [top(row, matching_only=False) for row in cosine]
+        keyword_runs, semantic_runs, hybrid_runs = {}, {}, {}
+        for i, query_id in enumerate(query_ids):
+            keyword_runs[query_id] = [ids[d] for d in keyword_tops[i]]
+            semantic_runs[query_id] = [ids[d] for d in semantic_tops[i]]
+            ranking = hybrid_ranking(keyword_tops[i], semantic_tops[i], bm25[i], full_match[i], cosine[i])
+            hybrid_runs[query_id] = [ids[d] for d in ranking]
+        semantic = measured(semantic_runs, qrels)[0]
+        hybrid = measured(hybrid_runs, qrels)[0]
+        rrf = measured(rrf_reference(keyword_runs, semantic_runs), qrels)[0]
         print(
             f"{sigma:5.1f} | {semantic:.3f} | {hybrid:.3f} | {rrf:.3f} | "
             f"{hybrid - max(keyword, semantic):+.3f} | {hybrid - rrf:+.3f}"
