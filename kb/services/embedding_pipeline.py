@@ -83,7 +83,9 @@ def document_embed(*, doc_id: str) -> str:
     """
     while True:
         try:
-            document = Document.objects.select_related("collection").get(pk=doc_id)
+            document = Document.objects.select_related(
+                "collection__embedding_model", "collection__next_embedding_model"
+            ).get(pk=doc_id)
         except Document.DoesNotExist:
             return "deleted"
         collection = document.collection
