@@ -2,7 +2,8 @@
 
 Ingests ../shared/eval/<set> (one document per corpus line: title + text) with the ingestion
 service, embeds every document with the embedding service (local all-MiniLM-L6-v2), runs every
-query through kb.search (keyword, semantic, hybrid with the default convex fusion and with RRF)
+query through kb.search (keyword, semantic, hybrid with the default evidence fusion, with the
+convex one and with RRF)
 and prints nDCG@10 and Recall@100 beside references computed in the same run on the same text:
 ``bm25s`` (its defaults: k1 1.5, b 0.75, Lucene idf, English Snowball stemmer and stop words),
 exact dense search over the stored vectors, and RRF (k 60, equal weights) of those two top-100
@@ -69,7 +70,7 @@ def ingest(name: str, corpus: list[dict], fresh: bool, model: str | None = None)
 
 
 def evaluate(
-    collection: str, queries: list[dict], qrels: dict, *, mode: str, weight: float | None, fusion: str = "convex"
+    collection: str, queries: list[dict], qrels: dict, *, mode: str, weight: float | None, fusion: str = "evidence"
 ) -> dict[str, list[str]]:
     """Each query's ranked document ids (top 100) through the search service; the p50 in ms is printed."""
     from kb.search import search
@@ -174,15 +175,18 @@ def main() -> None:
         runs = {
             "keyword (BM25)": evaluate(collection, queries, qrels, mode="keyword", weight=None),
             "semantic": evaluate(collection, queries, qrels, mode="semantic", weight=None),
-            f"**hybrid, convex, w = {default} (default)**": evaluate(
+            f"**hybrid, evidence, w = {default} (default)**": evaluate(
                 collection, queries, qrels, mode="hybrid", weight=default
+            ),
+            f"hybrid, convex, w = {default}": evaluate(
+                collection, queries, qrels, mode="hybrid", weight=default, fusion="convex"
             ),
             f"hybrid, RRF, w = {default}": evaluate(
                 collection, queries, qrels, mode="hybrid", weight=default, fusion="rrf"
             ),
         }
         for weight in args.weights:
-            runs[f"hybrid, convex, w = {weight}"] = evaluate(collection, queries, qrels, mode="hybrid", weight=weight)
+            runs[f"hybrid, evidence, w = {weight}"] = evaluate(collection, queries, qrels, mode="hybrid", weight=weight)
         bm25s_runs, dense_runs = bm25s_reference(corpus, queries), dense_reference(collection, queries)
         runs["reference: bm25s"] = bm25s_runs
         runs["reference: dense, exact"] = dense_runs
@@ -193,7 +197,7 @@ def main() -> None:
             rows.append((name, label, ndcg, recall, p50))
             print(f"  {label:<42} nDCG@10 {ndcg:.3f}  Recall@100 {recall:.3f}  search p50 {p50} ms")
         ndcg = {label: value for label, (value, _) in scores.items()}
-        hybrid = ndcg[f"**hybrid, convex, w = {default} (default)**"]
+        hybrid = ndcg[f"**hybrid, evidence, w = {default} (default)**"]
         margins.append((
             name,
             hybrid - max(ndcg["keyword (BM25)"], ndcg["semantic"]),

@@ -34,10 +34,12 @@ def query_terms(query: str) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class KeywordQuery:
-    """A query's BM25 terms over the searched chunks, and its ``full_match`` scale."""
+    """A query's BM25 terms over the searched chunks, its ``full_match`` scale, and how many chunks
+    the collections searched hold (0 when the query has no term to look up)."""
 
     scorer: "BM25Scorer | None"
     full_match: float
+    chunks: float = 0.0
 
     @classmethod
     def of(cls, query: str, filters: Filters) -> "KeywordQuery":
@@ -78,7 +80,7 @@ class KeywordQuery:
         if len(weights) > MAX_SCORED_TERMS:  # the heaviest: the rarest, whose postings are the shortest
             weights = dict(sorted(weights.items(), key=lambda item: -item[1])[:MAX_SCORED_TERMS])
         scorer = BM25Scorer(filters, weights, frequencies, avgdl=length_total / chunk_total) if weights else None
-        return cls(scorer=scorer, full_match=full_match)
+        return cls(scorer=scorer, full_match=full_match, chunks=chunk_total)
 
     def top(self, depth: int) -> list[tuple[int, float]]:
         """The ``depth`` best chunks by BM25, best first."""

@@ -1,9 +1,11 @@
-"""Ranking the union of both lists: a convex combination of the normalised scores (``score``), or
+"""Ranking the union of both lists: by the evidence of both halves (``fusion="evidence"``, the
+default), by a convex combination of the normalised scores (``score``, ``fusion="convex"``), or by
 weighted Reciprocal Rank Fusion (``fusion="rrf"``, seed 002's contract), and the bounds that say
 which half-found candidates are worth looking up.
 """
 
 import heapq
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -60,18 +62,59 @@ class Relevance:
         return dict(zip(chunk_ids, scores.tolist(), strict=True))
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """The order of ``fusion="evidence"``, in nats: ``w * S + (1 - w) * K``. S is the semantic
+    evidence, -log P(Z >= (cosine - mean) / deviation), how unlikely the cosine is among the chunks
+    searched (kb.search.background); K is BM25 on its log-odds scale, times 1 + k1, so that one
+    occurrence in a chunk of average length counts its idf. Neither needs normalising, and a weak
+    model's high cosines, common among the chunks, count for little (README, Search)."""
+
+    weight: float
+    mean: float
+    deviation: float
+
+    def of_each(
+        self,
+        chunk_ids: Iterable[int],
+        similarities: Mapping[int, float | None],
+        bm25: Mapping[int, float],
+        *,
+        similarity_cap: float | None = None,
+        bm25_cap: float = 0.0,
+    ) -> dict[int, float]:
+        """As ``Relevance.of_each``: a missing half counts with the cap given (an upper bound)."""
+        import numpy as np
+
+        chunk_ids = list(chunk_ids)
+        cosine = np.array([similarities.get(c, similarity_cap) or 0.0 for c in chunk_ids], dtype=np.float64)
+        cosine = np.nan_to_num(cosine, nan=0.0)
+        semantic = np.array([_surprise(z) for z in ((cosine - self.mean) / self.deviation).tolist()])
+        keyword = np.array([bm25.get(c, bm25_cap) for c in chunk_ids], dtype=np.float64) * (1 + settings.KB_BM25_K1)
+        evidence = self.weight * semantic + (1 - self.weight) * keyword
+        return dict(zip(chunk_ids, evidence.tolist(), strict=True))
+
+
+def _surprise(z: float) -> float:
+    """-log P(Z >= z) for a standard normal Z; past z 25, where erfc underflows, its asymptote."""
+    if z < 25.0:
+        return -math.log(0.5 * math.erfc(z / math.sqrt(2.0)))
+    return z * z / 2.0 + math.log(z * math.sqrt(2.0 * math.pi))
+
+
 def contenders(
     chunk_ids: list[int],
     known: dict[int, float],
     bm25: Mapping[int, float],
     cosine: Mapping[int, float],
-    relevance: Relevance,
+    relevance: Relevance | Evidence,
     top_k: int,
     depth: int,
     one_model: bool,
 ) -> list[int]:
     """The candidates found by one half only whose other half could still lift them into the top k:
-    only these are looked up. ``known`` is every candidate's score from the halves found so far,
+    only these are looked up. ``known`` is every candidate's value (``relevance``, what ranks)
+    from the halves found so far,
     ``bm25`` and ``cosine`` the two lists as they came back. A chunk missing from a full keyword
     list has at most that list's last BM25 (the keyword top is exact), from a shorter one none. A
     chunk missing from one model's full vector list is at most as similar as its last chunk (as far

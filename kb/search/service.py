@@ -43,6 +43,7 @@ from kb.embedding_providers import EmbeddingError
 from kb.errors import ErrorCode, KBError
 from kb.models import DEFAULT_TOP_K, MAX_TOP_K, Collection
 from kb.replicas import read_snapshot, reads_from_replica
+from kb.search.background import backgrounds
 from kb.search.bm25 import KeywordQuery
 from kb.search.filters import (
     MAX_FILTER_DOCUMENTS,
@@ -52,12 +53,12 @@ from kb.search.filters import (
     parse_metadata_filter,
     target_collections,
 )
-from kb.search.fusion import Relevance, contenders, fuse, monotone
+from kb.search.fusion import Evidence, Relevance, contenders, fuse, monotone
 from kb.search.results import MODES, Mode, SearchResponse, best_per_document, load_results
-from kb.search.vectors import by_model, similarities_of, vector_search
+from kb.search.vectors import by_model, query_embeddings, similarities_of, vector_search
 from kb.storable import check_storable
 
-Fusion = Literal["convex", "rrf"]
+Fusion = Literal["evidence", "convex", "rrf"]
 FUSIONS: tuple[str, ...] = get_args(Fusion)
 MIN_CANDIDATE_DEPTH = 100
 # A semantic list reads this far past its top k: the graph search cuts among equal distances
@@ -82,7 +83,7 @@ def search(
     content_types: Sequence[str] | None = None,
     metadata: dict[str, Any] | None = None,
     candidate_depth: int | None = None,
-    fusion: str = "convex",
+    fusion: str = "evidence",
     group_by_document: bool = False,
 ) -> SearchResponse:
     """Rank chunks for ``query`` (README, Search). With ``group_by_document``, each document's best
@@ -225,11 +226,16 @@ def _rank(
     similarities = {chunk_id: sim for chunk_id, (_, sim) in vector_hits.items()}
     keyword_scores = dict(keyword_hits)
     scores = relevance.of_each(chunk_ids, similarities, keyword_scores)  # from the halves found so far
+    by_value = mode == "hybrid" and fusion != "rrf"  # ranked by a value of both halves, not by ranks
+    order: Relevance | Evidence = relevance
+    if by_value and fusion == "evidence" and keyword_hits and vector_hits:
+        order = _evidence(query, targets, keyword, weight) or relevance
+    ranks = scores if order is relevance else order.of_each(chunk_ids, similarities, keyword_scores)
     if complete:
         completed = chunk_ids
-    elif mode == "hybrid" and fusion == "convex":
+    elif by_value:
         one_model = len(by_model(targets)) == 1
-        completed = contenders(chunk_ids, scores, keyword_scores, similarities, relevance, top_k, depth, one_model)
+        completed = contenders(chunk_ids, ranks, keyword_scores, similarities, order, top_k, depth, one_model)
     else:  # RRF needs both scores only for what it shows
         completed = chunk_ids[:top_k]
     if min_similarity is not None or (mode == "hybrid" and vector_hits):
@@ -238,10 +244,12 @@ def _rank(
     if keyword and mode == "hybrid":  # found by meaning only: their BM25 counts towards the score
         keyword_scores.update(keyword.scores([c for c in completed if c not in keyword_scores]))
     scores.update(relevance.of_each(completed, similarities, keyword_scores))
-    if mode == "hybrid" and fusion == "convex":
+    if by_value:
+        if order is not relevance:
+            ranks.update(order.of_each(completed, similarities, keyword_scores))
         # Ties (full keyword matches, where the keyword part is capped at 1) keep their RRF order.
         rrf = dict(fused)
-        chunk_ids.sort(key=lambda chunk_id: (-scores[chunk_id], -rrf[chunk_id], chunk_id))
+        chunk_ids.sort(key=lambda chunk_id: (-ranks[chunk_id], -rrf[chunk_id], chunk_id))
     candidates = [
         chunk_id
         for chunk_id in chunk_ids
@@ -249,6 +257,20 @@ def _rank(
         or (similarities.get(chunk_id) is not None and similarities[chunk_id] >= min_similarity)
     ]
     return _Ranking(keyword_hits, vector_hits, fused, scores, similarities, keyword_scores, candidates, warnings)
+
+
+def _evidence(query: str, targets: list[Collection], keyword: KeywordQuery, weight: float) -> Evidence | None:
+    """Evidence fusion for a search of one model's collections that hold enough chunks for their
+    background to be known (kb.search.background); None otherwise: the convex order then."""
+    groups = list(by_model(targets).values())
+    if len(groups) != 1:  # each model's cosines against its own background: not built (README, Search)
+        return None
+    model, collection_ids = groups[0]
+    background = backgrounds.of(model, collection_ids, keyword.chunks)
+    if background is None:
+        return None
+    mean, deviation = background.spread(query_embeddings.array(model, query, collection_ids))
+    return Evidence(weight=weight, mean=mean, deviation=deviation)
 
 
 def validate_top_k(top_k: int | None, *, name: str = "top_k") -> None:

@@ -6,6 +6,7 @@ One query vector per model, cached per collections searched (``query_embeddings`
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from pgvector import Vector
@@ -15,6 +16,9 @@ from kb.models import Collection, EmbeddingModel
 from kb.replicas import read_connection
 from kb.search.filters import Filters
 from kb.vector_index import ef_search, vector_expression
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Below this many chunks left by a filter, an exact vector scan beats walking the HNSW graph.
 EXACT_SCAN_LIMIT = 5000
@@ -46,6 +50,12 @@ class QueryEmbeddingCache:
                 return self._items[key]
             self.misses += 1
         return self.remember(model, query, collection_ids, embed_query(model.provider, model.name, query))
+
+    def array(self, model: EmbeddingModel, query: str, collection_ids: Sequence[int]) -> "np.ndarray":
+        """The query's vector as floats (from the text form kept)."""
+        import numpy as np  # here, not at import: kb.search loads with every task and command
+
+        return np.array(self.vector(model, query, collection_ids)[1:-1].split(","), dtype=np.float64)
 
     def remember(
         self, model: EmbeddingModel, query: str, collection_ids: Sequence[int], vector: Sequence[float]

@@ -1,0 +1,123 @@
+"""How a query's cosines spread over the chunks searched, for evidence fusion (kb.search.fusion).
+
+A chunk's cosine counts as evidence by how unlikely it is among the collection's chunks: a weak
+model's, or a narrow collection's, high cosines are common there and count for little. The
+spread of every chunk's cosine to a query q is known from the mean m and covariance S of the
+chunks' unit vectors alone: mean q·m, variance qᵀSq. Both are estimated once from a sample of the
+stored vectors, kept per process for each (model, collections searched), and sampled again when
+the collections have grown or shrunk by a tenth (README, Search).
+"""
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kb.models import Embedding, EmbeddingModel
+from kb.replicas import read_connection
+
+if TYPE_CHECKING:  # NumPy loads with the first background, not with kb.search (every task and command)
+    import numpy as np
+
+SAMPLE_SIZE = 2000
+# Below this many chunks a sample says too little about the spread: hybrid ranks by the convex score.
+MIN_BACKGROUND_CHUNKS = 200
+RESAMPLE_GROWTH = 0.1
+# A sample too small to use (chunks not embedded yet) is taken again after this long, not at every search.
+RETRY_SECONDS = 60.0
+# Each entry holds a d x d matrix (0.6 MB at 384 dimensions, 9 MB at 1,536).
+CACHE_SIZE = 8
+
+
+@dataclass(frozen=True)
+class Background:
+    mean: "np.ndarray"
+    covariance: "np.ndarray"
+
+    @classmethod
+    def of_sample(cls, vectors: "np.ndarray") -> "Background":
+        import numpy as np
+
+        units = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return cls(mean=units.mean(axis=0), covariance=np.cov(units.T, bias=True).astype(np.float32))
+
+    def spread(self, query_vector: "np.ndarray") -> tuple[float, float]:
+        """The mean and the standard deviation of the query's cosine over the chunks."""
+        import numpy as np
+
+        unit = query_vector / max(float(np.linalg.norm(query_vector)), 1e-12)
+        variance = float(unit @ self.covariance.astype(np.float64) @ unit)
+        return float(unit @ self.mean), math.sqrt(max(variance, 1e-12))
+
+
+class Backgrounds:
+    """An LRU of backgrounds per (model, collections searched)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        # (model, collections) -> (the background or None, the chunk count and the time when sampled)
+        self._items: OrderedDict[tuple[int, tuple[int, ...]], tuple[Background | None, float, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def of(self, model: EmbeddingModel, collection_ids: Sequence[int], chunks: float) -> Background | None:
+        """The background of these collections, which hold ``chunks`` chunks (kb_collection_stats);
+        None below MIN_BACKGROUND_CHUNKS, without a statement."""
+        if chunks < MIN_BACKGROUND_CHUNKS or not model.dimensions:
+            return None
+        key = (model.pk, tuple(sorted(collection_ids)))
+        with self._lock:
+            if key in self._items:
+                background, sampled_chunks, sampled_at = self._items[key]
+                grown = abs(chunks - sampled_chunks) > RESAMPLE_GROWTH * sampled_chunks
+                if not grown and (background is not None or time.monotonic() - sampled_at < RETRY_SECONDS):
+                    self._items.move_to_end(key)
+                    return background
+        vectors = sampled_vectors(model, key[1], chunks)
+        background = None
+        if len(vectors) >= MIN_BACKGROUND_CHUNKS:  # else most chunks have no vector yet
+            background = Background.of_sample(vectors)
+        with self._lock:
+            self._items[key] = (background, chunks, time.monotonic())
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return background
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+def sampled_vectors(model: EmbeddingModel, collection_ids: Sequence[int], chunks: float) -> "np.ndarray":
+    """Up to SAMPLE_SIZE of the collections' vectors of ``model``, at random. Reading the
+    collections' rows costs ``chunks``; sampling the table's blocks costs about
+    2 * SAMPLE_SIZE * rows / chunks (the whole table when the collections are a small part of it):
+    the cheaper of the two."""
+    connection = read_connection()
+    rows = Embedding.objects.using(connection.alias)
+    if chunks > SAMPLE_SIZE:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT reltuples FROM pg_class WHERE oid = 'kb_embedding'::regclass")
+            (table_rows,) = cursor.fetchone()
+        if table_rows > 0 and chunks * chunks > 2 * SAMPLE_SIZE * table_rows:  # reltuples < 0: never analysed
+            percent = min(100.0, 100.0 * 2 * SAMPLE_SIZE / chunks)
+            sample = rows.raw(
+                "SELECT id, vector FROM kb_embedding TABLESAMPLE SYSTEM (%s) "
+                "WHERE model_id = %s AND collection_id = ANY(%s) LIMIT %s",
+                [percent, model.pk, list(collection_ids), SAMPLE_SIZE],
+            )
+            return _matrix([embedding.vector for embedding in sample], model)
+    chosen = rows.filter(model=model, collection_id__in=collection_ids).order_by("?")
+    return _matrix(list(chosen.values_list("vector", flat=True)[:SAMPLE_SIZE]), model)
+
+
+def _matrix(vectors: list, model: EmbeddingModel) -> "np.ndarray":
+    import numpy as np
+
+    return np.array(vectors, dtype=np.float64).reshape(len(vectors), model.dimensions)
+
+
+backgrounds = Backgrounds(CACHE_SIZE)
