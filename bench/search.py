@@ -47,7 +47,7 @@ DEFAULT_TEXT_ROOTS = [
     Path("/usr/include"),
 ]
 SUFFIXES = {".py", ".md", ".rst", ".txt", ".h"}
-MODES = ("semantic", "keyword", "hybrid", "hybrid-rrf")
+MODES = ("semantic", "keyword", "hybrid", "hybrid-convex", "hybrid-rrf")
 DIMENSIONS = 384
 
 
@@ -285,14 +285,15 @@ def sample_queries(collection: str, count: int) -> list[str]:
 
 
 def latency(collection: str, queries: list[str], mode: str) -> tuple[float, float]:
-    """p50 and p95 in ms; ``hybrid-rrf`` is hybrid ranked by RRF (the fusion before convex, as reference)."""
+    """p50 and p95 in ms; ``hybrid`` ranks by the default evidence fusion, ``hybrid-convex`` and
+    ``hybrid-rrf`` by the fusions before it, as references."""
     from kb.search import search
 
     mode, _, fusion = mode.partition("-")
     seconds = []
     for query in queries:
         started = time.perf_counter()
-        search(query=query, collections=[collection], top_k=10, mode=mode, fusion="rrf" if fusion else "convex")
+        search(query=query, collections=[collection], top_k=10, mode=mode, fusion=fusion or "evidence")
         seconds.append(time.perf_counter() - started)
     return percentile(seconds, 0.5) * 1000, percentile(seconds, 0.95) * 1000
 
@@ -439,7 +440,7 @@ def plot(rows: list[dict], kind: str, path: Path) -> None:
 
     figure, axes = pyplot.subplots(figsize=(7, 4.5))
     sizes = [row["chunks"] for row in rows]
-    for mode, colour in zip(MODES, ("C0", "C1", "C2", "C3"), strict=True):
+    for mode, colour in zip(MODES, ("C0", "C1", "C2", "C3", "C4"), strict=True):
         for index, (label, style) in enumerate((("p50", "-o"), ("p95", "--s"))):
             values = [row["latency"][mode][index] for row in rows]
             axes.plot(sizes, values, style, color=colour, label=f"{mode} {label}")
@@ -518,10 +519,10 @@ def main() -> None:
     rows = [measure(size, args) for size in args.sizes]
     print(f"\nchunk vectors: {args.vectors}; KB_HNSW_EF_SEARCH={settings.KB_HNSW_EF_SEARCH}")
     print(
-        "\n| chunks | semantic p50/p95 | keyword p50/p95 | hybrid p50/p95 | hybrid, RRF p50/p95 | HNSW recall@10 "
-        "| BM25 top-10 exact | query embedding |"
+        "\n| chunks | semantic p50/p95 | keyword p50/p95 | hybrid p50/p95 | hybrid, convex p50/p95 "
+        "| hybrid, RRF p50/p95 | HNSW recall@10 | BM25 top-10 exact | query embedding |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         cells = " | ".join(f"{row['latency'][m][0]:.1f} / {row['latency'][m][1]:.1f} ms" for m in MODES)
         print(

@@ -18,7 +18,7 @@ router = Router(tags=["search"])
 @router.post(
     "/search",
     response=with_errors({200: SearchResponse}, ErrorCode.COLLECTION_NOT_FOUND, ErrorCode.EMBEDDING_ERROR),
-    summary="Search: hybrid (BM25 + vectors, a convex combination of both scores), semantic or keyword",
+    summary="Search: hybrid (BM25 + vectors, ranked by the evidence of both), semantic or keyword",
     description="Without `collections`, searches every collection the token can see. In hybrid mode an "
     "unreachable embedding provider degrades to keyword results with a warning; in semantic mode it is "
     "EMBEDDING_ERROR.",

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kb.models import Embedding, EmbeddingModel
+from kb.models import EmbeddingModel
 from kb.replicas import read_connection
 
 if TYPE_CHECKING:  # NumPy loads with the first background, not with kb.search (every task and command)
@@ -92,32 +92,30 @@ class Backgrounds:
 
 
 def sampled_vectors(model: EmbeddingModel, collection_ids: Sequence[int], chunks: float) -> "np.ndarray":
-    """Up to SAMPLE_SIZE of the collections' vectors of ``model``, at random. Reading the
-    collections' rows costs ``chunks``; sampling the table's blocks costs about
+    """Up to SAMPLE_SIZE of the collections' vectors of ``model``, at random, one per row. Reading
+    the collections' rows costs ``chunks``; sampling the table's blocks costs about
     2 * SAMPLE_SIZE * rows / chunks (the whole table when the collections are a small part of it):
-    the cheaper of the two."""
-    connection = read_connection()
-    rows = Embedding.objects.using(connection.alias)
-    if chunks > SAMPLE_SIZE:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT reltuples FROM pg_class WHERE oid = 'kb_embedding'::regclass")
-            (table_rows,) = cursor.fetchone()
-        if table_rows > 0 and chunks * chunks > 2 * SAMPLE_SIZE * table_rows:  # reltuples < 0: never analysed
-            percent = min(100.0, 100.0 * 2 * SAMPLE_SIZE / chunks)
-            sample = rows.raw(
-                "SELECT id, vector FROM kb_embedding TABLESAMPLE SYSTEM (%s) "
-                "WHERE model_id = %s AND collection_id = ANY(%s) LIMIT %s",
-                [percent, model.pk, list(collection_ids), SAMPLE_SIZE],
-            )
-            return _matrix([embedding.vector for embedding in sample], model)
-    chosen = rows.filter(model=model, collection_id__in=collection_ids).order_by("?")
-    return _matrix(list(chosen.values_list("vector", flat=True)[:SAMPLE_SIZE]), model)
-
-
-def _matrix(vectors: list, model: EmbeddingModel) -> "np.ndarray":
+    the cheaper of the two. Vectors come in pgvector's binary form (vector_send: two 16-bit
+    integers, then big-endian float4s): as text, parsing 2,000 of them took 170 ms of 260."""
     import numpy as np
 
-    return np.array(vectors, dtype=np.float64).reshape(len(vectors), model.dimensions)
+    ids = list(collection_ids)
+    chosen = "SELECT id FROM kb_embedding WHERE model_id = %s AND collection_id = ANY(%s) ORDER BY random() LIMIT %s"
+    params: list = [model.pk, ids, SAMPLE_SIZE]
+    with read_connection().cursor() as cursor:
+        if chunks > SAMPLE_SIZE:
+            cursor.execute("SELECT reltuples FROM pg_class WHERE oid = 'kb_embedding'::regclass")
+            (table_rows,) = cursor.fetchone()
+            if table_rows > 0 and chunks * chunks > 2 * SAMPLE_SIZE * table_rows:  # reltuples < 0: never analysed
+                chosen = (
+                    "SELECT id FROM kb_embedding TABLESAMPLE SYSTEM (%s) "
+                    "WHERE model_id = %s AND collection_id = ANY(%s) LIMIT %s"
+                )
+                params = [min(100.0, 100.0 * 2 * SAMPLE_SIZE / chunks), *params]
+        cursor.execute(f"SELECT vector_send(vector) FROM kb_embedding WHERE id IN ({chosen})", params)
+        rows = cursor.fetchall()
+    floats = np.frombuffer(b"".join(bytes(vector)[4:] for (vector,) in rows), dtype=">f4")
+    return floats.astype(np.float64).reshape(len(rows), int(model.dimensions or 0))
 
 
 backgrounds = Backgrounds(CACHE_SIZE)

@@ -130,8 +130,8 @@ def contenders(
 
 
 def monotone(ranked: list[int], scores: dict[int, float]) -> list[tuple[int, float]]:
-    """(chunk id, score) in rank order, each score capped by the one above it: under RRF order a
-    score could otherwise rise down the list (under convex fusion the cap changes nothing)."""
+    """(chunk id, score) in rank order, each score capped by the one above it: under evidence or RRF
+    order a score could otherwise rise down the list (under convex fusion the cap changes nothing)."""
     capped, ceiling = [], 1.0
     for chunk_id in ranked:
         ceiling = min(ceiling, scores[chunk_id])

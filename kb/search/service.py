@@ -1,4 +1,4 @@
-"""Search: BM25 keyword ranking and pgvector similarity, fused by a convex combination of their scores.
+"""Search: BM25 keyword ranking and pgvector similarity, fused by the evidence of both.
 
 One service for every front door (admin playground, API, MCP, ``kb_search``):
 
@@ -10,19 +10,24 @@ One service for every front door (admin playground, API, MCP, ``kb_search``):
   iterative index scans so that filtered queries still fill ``top_k``; an exact scan when a
   filter leaves few chunks.
 - ``hybrid`` (default): both lists, each ``candidate_depth`` deep; every chunk of either list
-  gets both its cosine and its BM25 and the union is ranked by ``score`` (below), a convex
-  combination of the two normalised by their theoretical ranges rather than by each query's
-  observed minimum and maximum (``fusion="convex"``). ``fusion="rrf"`` ranks by weighted
-  Reciprocal Rank Fusion instead (seed 002's contract).
+  gets both its cosine and its BM25 and the union is ranked by evidence in nats
+  (``fusion="evidence"``, kb.search.fusion.Evidence): ``w`` times how unlikely the cosine is among
+  the chunks searched (against their background, kb.search.background) plus ``1 - w`` times BM25
+  on its log-odds scale. A weak model's or a narrow collection's high cosines are common there and
+  count for little, so hybrid follows the stronger half (README, Retrieval quality). Below
+  MIN_BACKGROUND_CHUNKS chunks, or across collections of several models, it ranks by ``score``
+  (below), a convex combination of the two normalised by their theoretical ranges
+  (``fusion="convex"``). ``fusion="rrf"`` ranks by weighted Reciprocal Rank Fusion instead (seed
+  002's contract).
 
 Every result's ``score`` is one relevance scale in [0, 1] whatever the mode, so that one threshold
 (``min_score``, or a client keeping ``score > 0.5``) means the same in each:
 ``score = w * clip(cosine, 0, 1) + (1 - w) * min(1, bm25 / full_match)``, where ``full_match`` is
 the BM25 value of a chunk of average length that holds every query term once (so 1.0 = all the
 query's words are there; terms found nowhere count against it too) and ``w`` is 1 for semantic, 0
-for keyword, the semantic weight for hybrid. Under RRF order a result's score is capped by the one
-above it, so scores never rise with the rank and a threshold cuts the list at one place. The raw
-values stay: ``similarity`` (cosine), ``keyword_score`` (BM25), and in hybrid mode
+for keyword, the semantic weight for hybrid. Under evidence or RRF order a result's score is capped
+by the one above it, so scores never rise with the rank and a threshold cuts the list at one place.
+The raw values stay: ``similarity`` (cosine), ``keyword_score`` (BM25), and in hybrid mode
 ``fused_score``, the weighted RRF value ``2w/(k + vector_rank) + 2(1-w)/(k + keyword_rank)``.
 
 Filters fail closed: an unknown collection is an error, an empty list of documents matches
