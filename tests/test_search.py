@@ -251,17 +251,22 @@ def test_hybrid_looking_up_only_candidates_that_can_reach_the_top_ranks_as_if_it
 ):
     monkeypatch.setattr(service, "MIN_CANDIDATE_DEPTH", 3)  # full lists: the bounds are used
     queries = ["shock wave temperature of the flow", "boundary layer", "baking bread in an oven", "flutter speed"]
-    pruned = {q: search(query=q, collections=["aero"], top_k=top_k).results for q in queries}
+    assert_looking_up_contenders_is_looking_up_all(monkeypatch, "aero", queries, top_k)
+
+
+def assert_looking_up_contenders_is_looking_up_all(monkeypatch, collection: str, queries: list[str], top_k: int):
+    """Hybrid results (chunks and scores) are the same when every candidate's missing half is looked up."""
+    pruned = {q: search(query=q, collections=[collection], top_k=top_k).results for q in queries}
     everything = service.contenders
     monkeypatch.setattr(
         service,
         "contenders",
-        lambda ids, known, bm25, cosine, relevance, top_k, *rest: everything(
-            ids, known, bm25, cosine, relevance, len(ids), *rest
+        lambda ids, known, bm25, cosine, order, top_k, *rest: everything(
+            ids, known, bm25, cosine, order, len(ids), *rest
         ),
     )
     for query in queries:
-        reference = search(query=query, collections=["aero"], top_k=top_k).results
+        reference = search(query=query, collections=[collection], top_k=top_k).results
         assert [(r.chunk_id, r.score) for r in pruned[query]] == [(r.chunk_id, r.score) for r in reference], query
         assert len(reference) == top_k
 

@@ -16,7 +16,11 @@ from kb.search import background, fusion, search, service
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from tests.support.worker import embed_now
-from tests.test_search import corpus, reference_bm25  # noqa: F401 (the fixture of a small collection)
+from tests.test_search import (  # noqa: F401 (corpus: the fixture of a small collection)
+    assert_looking_up_contenders_is_looking_up_all,
+    corpus,
+    reference_bm25,
+)
 
 WORDS = {
     "flight": "wing lift drag airfoil stall thrust rudder aileron fuselage propeller turbine glide altitude",
@@ -95,18 +99,7 @@ def test_evidence_looking_up_only_candidates_that_can_reach_the_top_ranks_as_if_
     wide, monkeypatch, top_k
 ):
     monkeypatch.setattr(service, "MIN_CANDIDATE_DEPTH", 12)  # short, full lists: the bounds are used
-    pruned = {q: search(query=q, collections=["wide"], top_k=top_k).results for q in QUERIES}
-    everything = service.contenders
-    monkeypatch.setattr(
-        service,
-        "contenders",
-        lambda ids, known, bm25, cosine, order, top_k, *rest: everything(
-            ids, known, bm25, cosine, order, len(ids), *rest
-        ),
-    )
-    for query in QUERIES:
-        complete = search(query=query, collections=["wide"], top_k=top_k).results
-        assert [(r.chunk_id, r.score) for r in pruned[query]] == [(r.chunk_id, r.score) for r in complete], query
+    assert_looking_up_contenders_is_looking_up_all(monkeypatch, "wide", QUERIES, top_k)
 
 
 def test_a_collection_too_small_for_a_background_ranks_by_the_convex_score(corpus):  # noqa: F811

@@ -6,11 +6,16 @@ which half-found candidates are worth looking up.
 
 import heapq
 import math
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.conf import settings
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def fuse(
@@ -31,12 +36,8 @@ def fuse(
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
 
 
-@dataclass(frozen=True)
-class Relevance:
-    """The [0, 1] score: ``w * clip(cosine, 0, 1) + (1 - w) * min(1, bm25 / full_match)``."""
-
-    full_match: float
-    weight: float
+class _OfBothHalves(ABC):
+    """A value of each chunk from its cosine and its BM25 (``combine``), computed for many at once."""
 
     def of_each(
         self,
@@ -47,23 +48,39 @@ class Relevance:
         similarity_cap: float | None = None,
         bm25_cap: float = 0.0,
     ) -> dict[int, float]:
-        """The score of each chunk; one missing from ``similarities`` or ``bm25`` counts with the
+        """The value of each chunk; one missing from ``similarities`` or ``bm25`` counts with the
         cap given (an upper bound), by default with nothing. In NumPy, because every hybrid search
-        scores a few hundred candidates this way (README, Many clients at once)."""
+        values a few hundred candidates this way (README, Many clients at once)."""
         import numpy as np  # here, not at import: kb.search loads with every task and command
 
         chunk_ids = list(chunk_ids)
         cosine = np.array([similarities.get(c, similarity_cap) or 0.0 for c in chunk_ids], dtype=np.float64)
-        cosine = np.clip(np.nan_to_num(cosine, nan=0.0), 0.0, 1.0)  # a zero vector's cosine is NaN
+        cosine = np.nan_to_num(cosine, nan=0.0)  # a zero vector's cosine is NaN
         keyword = np.array([bm25.get(c, bm25_cap) for c in chunk_ids], dtype=np.float64)
-        keyword = np.minimum(1.0, keyword / self.full_match) if self.full_match else np.zeros_like(keyword)
-        # Rounded as results show it, so a score read from a result is a threshold that keeps it.
-        scores = np.round(self.weight * cosine + (1 - self.weight) * keyword, 6)
-        return dict(zip(chunk_ids, scores.tolist(), strict=True))
+        return dict(zip(chunk_ids, self.combine(cosine, keyword).tolist(), strict=True))
+
+    @abstractmethod
+    def combine(self, cosine: "np.ndarray", bm25: "np.ndarray") -> "np.ndarray":
+        """The values of chunks with these cosines (NaN as 0) and BM25 values."""
 
 
 @dataclass(frozen=True)
-class Evidence:
+class Relevance(_OfBothHalves):
+    """The [0, 1] score: ``w * clip(cosine, 0, 1) + (1 - w) * min(1, bm25 / full_match)``."""
+
+    full_match: float
+    weight: float
+
+    def combine(self, cosine: "np.ndarray", bm25: "np.ndarray") -> "np.ndarray":
+        import numpy as np
+
+        keyword = np.minimum(1.0, bm25 / self.full_match) if self.full_match else np.zeros_like(bm25)
+        # Rounded as results show it, so a score read from a result is a threshold that keeps it.
+        return np.round(self.weight * np.clip(cosine, 0.0, 1.0) + (1 - self.weight) * keyword, 6)
+
+
+@dataclass(frozen=True)
+class Evidence(_OfBothHalves):
     """The order of ``fusion="evidence"``, in nats: ``w * S + (1 - w) * K``. S is the semantic
     evidence, -log P(Z >= (cosine - mean) / deviation), how unlikely the cosine is among the chunks
     searched (kb.search.background); K is BM25 on its log-odds scale, times 1 + k1, so that one
@@ -74,25 +91,11 @@ class Evidence:
     mean: float
     deviation: float
 
-    def of_each(
-        self,
-        chunk_ids: Iterable[int],
-        similarities: Mapping[int, float | None],
-        bm25: Mapping[int, float],
-        *,
-        similarity_cap: float | None = None,
-        bm25_cap: float = 0.0,
-    ) -> dict[int, float]:
-        """As ``Relevance.of_each``: a missing half counts with the cap given (an upper bound)."""
+    def combine(self, cosine: "np.ndarray", bm25: "np.ndarray") -> "np.ndarray":
         import numpy as np
 
-        chunk_ids = list(chunk_ids)
-        cosine = np.array([similarities.get(c, similarity_cap) or 0.0 for c in chunk_ids], dtype=np.float64)
-        cosine = np.nan_to_num(cosine, nan=0.0)
         semantic = np.array([_surprise(z) for z in ((cosine - self.mean) / self.deviation).tolist()])
-        keyword = np.array([bm25.get(c, bm25_cap) for c in chunk_ids], dtype=np.float64) * (1 + settings.KB_BM25_K1)
-        evidence = self.weight * semantic + (1 - self.weight) * keyword
-        return dict(zip(chunk_ids, evidence.tolist(), strict=True))
+        return self.weight * semantic + (1 - self.weight) * bm25 * (1 + settings.KB_BM25_K1)
 
 
 def _surprise(z: float) -> float:
