@@ -71,7 +71,7 @@ def stress(name: str, steps: list[tuple[str, float]]) -> None:
     from django.conf import settings
 
     from kb.replicas import read_snapshot
-    from kb.search.background import Background
+    from kb.search.background import Background, Moments
     from kb.search.fusion import Evidence, Relevance
 
     weight = settings.KB_SEMANTIC_WEIGHT
@@ -92,7 +92,7 @@ def stress(name: str, steps: list[tuple[str, float]]) -> None:
         kept = int(size) if kind == "dims" else collection.vectors.shape[1]
         chunks = unit(collection.vectors[:, :kept])
         queries = unit(unit(collection.query_vectors[:, :kept]) + (size * noise if kind == "sigma" else 0.0))
-        background = Background.of_sample(chunks)  # every chunk: the service samples up to 2,000
+        background = Background((Moments.of_sample(chunks, float(len(chunks))),))  # all: the service samples 2,000
         runs: dict[str, dict[str, list[str]]] = {"semantic": {}, "evidence": {}, "convex": {}}
         for i, query_id in enumerate(query_ids):
             cosine = chunks @ queries[i]

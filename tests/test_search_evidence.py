@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from kb.embedding_providers import embed_query
-from kb.models import Collection, Embedding
+from kb.models import Collection, CollectionStats, Embedding
 from kb.search import background, fusion, search, service
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
@@ -113,44 +113,59 @@ def test_a_collection_too_small_for_a_background_ranks_by_the_convex_score(corpu
         assert [(r.chunk_id, r.score) for r in default.results] == [(r.chunk_id, r.score) for r in convex.results]
 
 
-def test_a_background_is_sampled_once_and_again_when_the_collection_has_grown_by_a_tenth(wide):
+def test_a_background_is_sampled_once_and_again_when_the_collection_has_grown_by_a_tenth_or_aged(wide, monkeypatch):
     model, ids = wide.embedding_model, [wide.pk]
-    chunks = float(Embedding.objects.filter(collection=wide).count())
-    cache = background.Backgrounds(4)
-    with CaptureQueriesContext(connection) as first:
-        sampled = cache.of(model, ids, chunks)
-    with CaptureQueriesContext(connection) as again:
-        assert cache.of(model, ids, chunks * 1.05) is sampled
-    with CaptureQueriesContext(connection) as grown:
-        assert cache.of(model, ids, chunks * 1.2) is not sampled
-    assert (len(first) >= 1, len(again), len(grown) >= 1) == (True, 0, True)
+    cache = background.Backgrounds(background.CACHE_BYTES)
+
+    def statements_of_a_search() -> int:
+        chunks = CollectionStats.objects.get(collection=wide).chunk_count  # as KeywordQuery reads it
+        with CaptureQueriesContext(connection) as statements:
+            assert cache.of(model, ids, float(chunks)) is not None
+        return len(statements)
+
+    counts = [statements_of_a_search(), statements_of_a_search()]
+    paragraphs = [" ".join(random.Random(n).choices(WORDS["music"].split(), k=12)) + "." for n in range(40)]
+    stored = document_create_from_text(collection=wide, source_uri="note://more", text="\n\n".join(paragraphs))
+    embed_now(stored.document.pk)
+    counts += [statements_of_a_search(), statements_of_a_search()]
+    monkeypatch.setattr(background, "MAX_AGE_SECONDS", 0.0)
+    counts.append(statements_of_a_search())
+    assert [count > 0 for count in counts] == [True, False, True, False, True]
 
 
-def test_the_background_of_a_collection_of_fewer_chunks_than_the_sample_is_exact(wide):
-    rows = Embedding.objects.filter(collection=wide, model=wide.embedding_model)
+def unit_vectors(*collections: Collection) -> np.ndarray:
+    rows = Embedding.objects.filter(collection__in=collections)
     vectors = np.array(list(rows.values_list("vector", flat=True)), dtype=np.float64)
-    units = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-    found = background.Backgrounds(1).of(wide.embedding_model, [wide.pk], float(len(units)))
-    query = np.random.default_rng(3).standard_normal(units.shape[1])
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def test_the_background_of_collections_of_fewer_chunks_than_the_sample_is_exact_alone_and_together(
+    wide,
+    corpus,  # noqa: F811
+):
+    aero = corpus[0]
+    query = np.random.default_rng(3).standard_normal(384)
     query /= np.linalg.norm(query)
-    mean, deviation = found.spread(query * 5.0)  # any length: the query's direction counts
-    cosines = units @ query
-    assert (mean, deviation) == (pytest.approx(cosines.mean(), abs=1e-9), pytest.approx(cosines.std(), rel=1e-4))
+    cache = background.Backgrounds(background.CACHE_BYTES)
+    for members in ([wide], [wide, aero]):
+        units = unit_vectors(*members)  # one chunk, one vector: the chunk counts weigh as the vectors do
+        found = cache.of(wide.embedding_model, [c.pk for c in members], float(len(units)))
+        mean, deviation = found.spread(query * 5.0)  # any length: the query's direction counts
+        cosines = units @ query
+        assert (mean, deviation) == (pytest.approx(cosines.mean(), abs=1e-9), pytest.approx(cosines.std(), rel=1e-4))
 
 
-def test_a_collection_that_is_a_large_part_of_the_table_is_sampled_by_blocks(wide, monkeypatch):
+def test_a_collection_that_is_a_large_part_of_the_table_is_sampled_by_blocks_in_random_order(wide, monkeypatch):
     monkeypatch.setattr(background, "SAMPLE_SIZE", 40)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE kb_embedding")  # reltuples known: the choice of the two reads needs it
-    chunks = float(Embedding.objects.filter(collection=wide).count())
     with CaptureQueriesContext(connection) as statements:
-        vectors = background.sampled_vectors(wide.embedding_model, [wide.pk], chunks)
-    assert any("TABLESAMPLE SYSTEM" in statement["sql"] for statement in statements)
-    stored = np.array(
-        list(Embedding.objects.filter(collection=wide).values_list("vector", flat=True)), dtype=np.float64
-    )
+        chunks, vectors = background.sampled_vectors(wide.embedding_model, wide.pk)
+    sampled = [statement["sql"] for statement in statements if "TABLESAMPLE SYSTEM" in statement["sql"]]
+    assert len(sampled) == 1 and "ORDER BY random() LIMIT" in sampled[0]
+    stored = np.array(list(Embedding.objects.filter(collection=wide).values_list("vector", flat=True)))
     nearest = [np.abs(stored - vector).max(axis=1).min() for vector in vectors]  # each is a stored vector, whole
-    assert 0 < len(vectors) <= 40 and max(nearest) < 1e-7
+    assert chunks == len(stored) and 0 < len(vectors) <= 40 and max(nearest) < 1e-7
 
 
 def test_evidence_takes_each_missing_half_at_its_cap():
@@ -167,8 +182,20 @@ def test_evidence_takes_each_missing_half_at_its_cap():
         2: pytest.approx(expected(0.3, 0.5)),
         3: pytest.approx(expected(0.35, 1.5)),
     }
+    missing = evidence.of_each([4], {4: None}, {})[4]  # no vector: no semantic evidence, at cosine -1
+    assert missing == pytest.approx(expected(-1.0, 0.0)) and missing < 1e-6 and values[2] > expected(0.0, 0.5)
 
 
-def test_the_surprise_of_a_far_cosine_follows_its_asymptote_without_a_jump():
-    below, above = fusion._surprise(24.999), fusion._surprise(25.0)
-    assert 0 < above - below < 0.03 and fusion._surprise(60.0) > fusion._surprise(59.0) > above
+def test_a_keyword_only_chunk_is_looked_up_when_the_vector_list_ends_below_cosine_0():
+    # The full vector list's last cosine is -0.06, so chunk 5's is at most that. Counted at cosine
+    # 0 so far, its value would be above its own upper bound and it would never be looked up.
+    evidence = fusion.Evidence(weight=0.7, mean=0.0, deviation=0.05)
+    cosine, bm25 = {1: 0.30, 2: 0.20, 3: 0.05, 4: -0.06}, {5: 12.0, 6: 0.9, 1: 0.5, 2: 0.5}
+    ids = [1, 2, 3, 4, 5, 6]
+    known = evidence.of_each(ids, cosine, bm25)
+    assert 5 in fusion.contenders(ids, known, bm25, cosine, evidence, 2, 4, True)
+
+
+def test_the_surprise_of_a_far_cosine_follows_its_asymptote_rising_without_a_jump():
+    below, above = fusion._surprise(36.9999999), fusion._surprise(37.0)
+    assert 0 < above - below < 1e-5 and fusion._surprise(60.0) > fusion._surprise(59.0) > above

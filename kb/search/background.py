@@ -1,11 +1,13 @@
-"""How a query's cosines spread over the chunks searched, for evidence fusion (kb.search.fusion).
+"""How a query's cosines spread over the collections searched, for evidence fusion (kb.search.fusion).
 
-A chunk's cosine counts as evidence by how unlikely it is among the collection's chunks: a weak
+A chunk's cosine counts as evidence by how unlikely it is among the collections' chunks: a weak
 model's, or a narrow collection's, high cosines are common there and count for little. The
-spread of every chunk's cosine to a query q is known from the mean m and covariance S of the
-chunks' unit vectors alone: mean q·m, variance qᵀSq. Both are estimated once from a sample of the
-stored vectors, kept per process for each (model, collections searched), and sampled again when
-the collections have grown or shrunk by a tenth (README, Search).
+spread of every chunk's cosine to a query q follows from the first two moments of the chunks'
+unit vectors alone: mean q·m, mean square qᵀSq (S the mean of x xᵀ). They are estimated from a
+sample of each collection's stored vectors, kept per process for each (model, collection), and
+combined per search weighted by the collections' chunk counts, so that any set of collections is
+served by the entries of its members (README, Search). The whole collections count, whatever
+filters narrow a search.
 """
 
 import math
@@ -16,103 +18,143 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kb.models import EmbeddingModel
 from kb.replicas import read_connection
 
 if TYPE_CHECKING:  # NumPy loads with the first background, not with kb.search (every task and command)
     import numpy as np
 
+    from kb.models import EmbeddingModel
+
 SAMPLE_SIZE = 2000
 # Below this many chunks a sample says too little about the spread: hybrid ranks by the convex score.
 MIN_BACKGROUND_CHUNKS = 200
+# Sampled again when the collections' chunk count has moved by this share, or after this long
+# (vectors arrive after the chunks are counted, and a sync can replace texts without changing it).
 RESAMPLE_GROWTH = 0.1
-# A sample too small to use (chunks not embedded yet) is taken again after this long, not at every search.
+MAX_AGE_SECONDS = 600.0
+# A sample short of its chunks' vectors (not embedded yet) is taken again sooner.
 RETRY_SECONDS = 60.0
-# Each entry holds a d x d matrix (0.6 MB at 384 dimensions, 9 MB at 1,536).
-CACHE_SIZE = 8
+# Cosines closer than this are not told apart: a collection of near copies would otherwise make
+# tiny differences of cosine outweigh every keyword.
+MIN_DEVIATION = 1e-3
+# The cache's bound: each entry holds a d x d float32 matrix (0.6 MB at 384 dimensions, 9 MB at 1,536).
+CACHE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Of one collection's unit vectors of one model, from a sample: their mean and mean x xᵀ."""
+
+    mean: "np.ndarray"
+    second: "np.ndarray"
+    vectors: int  # in the sample
+    chunks: float  # the collection's chunk count when sampled, its weight among several
+    sampled_at: float
+
+    def lifetime(self) -> float:
+        return RETRY_SECONDS if self.vectors < min(SAMPLE_SIZE, self.chunks) else MAX_AGE_SECONDS
+
+    @classmethod
+    def of_sample(cls, vectors: "np.ndarray", chunks: float) -> "Moments":
+        import numpy as np
+
+        units = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        second = (units.T @ units / max(len(units), 1)).astype(np.float32)
+        mean = units.mean(axis=0) if len(units) else np.zeros(vectors.shape[1])
+        return cls(mean=mean, second=second, vectors=len(units), chunks=chunks, sampled_at=time.monotonic())
 
 
 @dataclass(frozen=True)
 class Background:
-    mean: "np.ndarray"
-    covariance: "np.ndarray"
-
-    @classmethod
-    def of_sample(cls, vectors: "np.ndarray") -> "Background":
-        import numpy as np
-
-        units = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return cls(mean=units.mean(axis=0), covariance=np.cov(units.T, bias=True).astype(np.float32))
+    parts: tuple[Moments, ...]
 
     def spread(self, query_vector: "np.ndarray") -> tuple[float, float]:
-        """The mean and the standard deviation of the query's cosine over the chunks."""
+        """The mean and the standard deviation of the query's cosine over the collections' chunks."""
         import numpy as np
 
         unit = query_vector / max(float(np.linalg.norm(query_vector)), 1e-12)
-        narrow = unit.astype(np.float32)  # as the covariance is kept: half the memory, no copy per query
-        variance = float(narrow @ self.covariance @ narrow)
-        return float(unit @ self.mean), math.sqrt(max(variance, 1e-12))
+        narrow = unit.astype(np.float32)  # as the moments are kept: half the memory, no copy per query
+        total = sum(part.chunks for part in self.parts if part.vectors)
+        mean = square = 0.0
+        for part in self.parts:
+            if part.vectors:
+                weight = part.chunks / total
+                mean += weight * float(unit @ part.mean)
+                square += weight * float(narrow @ part.second @ narrow)
+        return mean, math.sqrt(max(square - mean * mean, MIN_DEVIATION**2))
 
 
 class Backgrounds:
-    """An LRU of backgrounds per (model, collections searched)."""
+    """An LRU of the moments of each (model, collection), bounded in bytes."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
-        # (model, collections) -> (the background or None, the chunk count and the time when sampled)
-        self._items: OrderedDict[tuple[int, tuple[int, ...]], tuple[Background | None, float, float]] = OrderedDict()
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[int, int], Moments] = OrderedDict()
         self._lock = threading.Lock()
 
-    def of(self, model: EmbeddingModel, collection_ids: Sequence[int], chunks: float) -> Background | None:
+    def of(self, model: "EmbeddingModel", collection_ids: Sequence[int], chunks: float) -> Background | None:
         """The background of these collections, which hold ``chunks`` chunks (kb_collection_stats);
-        None below MIN_BACKGROUND_CHUNKS, without a statement."""
+        None below MIN_BACKGROUND_CHUNKS (without a statement) or while fewer of their chunks have
+        a vector."""
         if chunks < MIN_BACKGROUND_CHUNKS or not model.dimensions:
             return None
-        key = (model.pk, tuple(sorted(collection_ids)))
+        ids = sorted(set(collection_ids))
         with self._lock:
-            if key in self._items:
-                background, sampled_chunks, sampled_at = self._items[key]
-                grown = abs(chunks - sampled_chunks) > RESAMPLE_GROWTH * sampled_chunks
-                if not grown and (background is not None or time.monotonic() - sampled_at < RETRY_SECONDS):
-                    self._items.move_to_end(key)
-                    return background
-        vectors = sampled_vectors(model, key[1], chunks)
-        background = None
-        if len(vectors) >= MIN_BACKGROUND_CHUNKS:  # else most chunks have no vector yet
-            background = Background.of_sample(vectors)
+            known = [self._items.get((model.pk, collection_id)) for collection_id in ids]
+        counted = sum(part.chunks for part in known if part is not None)
+        moved = abs(chunks - counted) > RESAMPLE_GROWTH * max(counted, 1.0)
+        now = time.monotonic()
+        parts = []
+        for collection_id, part in zip(ids, known, strict=True):
+            if part is None or moved or now - part.sampled_at > part.lifetime():
+                part = self._sample(model, collection_id)
+            parts.append(part)
+        if sum(part.vectors for part in parts) < MIN_BACKGROUND_CHUNKS:
+            return None
+        return Background(tuple(parts))
+
+    def _sample(self, model: "EmbeddingModel", collection_id: int) -> Moments:
+        chunks, vectors = sampled_vectors(model, collection_id)
+        moments = Moments.of_sample(vectors, chunks)
         with self._lock:
-            self._items[key] = (background, chunks, time.monotonic())
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
+            self._items[(model.pk, collection_id)] = moments
+            self._items.move_to_end((model.pk, collection_id))
+            while len(self._items) > 1 and sum(item.second.nbytes for item in self._items.values()) > self.max_bytes:
                 self._items.popitem(last=False)
-        return background
+        return moments
 
 
-def sampled_vectors(model: EmbeddingModel, collection_ids: Sequence[int], chunks: float) -> "np.ndarray":
-    """Up to SAMPLE_SIZE of the collections' vectors of ``model``, at random, one per row. Reading
-    the collections' rows costs ``chunks``; sampling the table's blocks costs about
-    2 * SAMPLE_SIZE * rows / chunks (the whole table when the collections are a small part of it):
-    the cheaper of the two. Vectors come in pgvector's binary form (vector_send: two 16-bit
-    integers, then big-endian float4s): as text, parsing 2,000 of them took 170 ms of 260."""
+def sampled_vectors(model: "EmbeddingModel", collection_id: int) -> tuple[float, "np.ndarray"]:
+    """The collection's chunk count and up to SAMPLE_SIZE of its vectors of ``model``, at random.
+    Reading the collection's rows costs its chunk count; sampling the table's blocks about
+    2 * SAMPLE_SIZE * rows / chunks (the whole table when the collection is a small part of it):
+    the cheaper of the two. Vectors come in pgvector's binary form (vector_send: the dimension and
+    an unused 16-bit integer, then big-endian float4s): as text, parsing 2,000 of them took 170 ms
+    of 260. Rows of another dimension are left out."""
     import numpy as np
 
-    ids = list(collection_ids)
-    chosen = "SELECT id FROM kb_embedding WHERE model_id = %s AND collection_id = ANY(%s) ORDER BY random() LIMIT %s"
-    params: list = [model.pk, ids, SAMPLE_SIZE]
+    dimensions = int(model.dimensions or 0)
+    chosen = "SELECT id FROM kb_embedding WHERE model_id = %s AND collection_id = %s ORDER BY random() LIMIT %s"
+    params: list = [model.pk, collection_id, SAMPLE_SIZE]
     with read_connection().cursor() as cursor:
-        if chunks > SAMPLE_SIZE:
-            cursor.execute("SELECT reltuples FROM pg_class WHERE oid = 'kb_embedding'::regclass")
-            (table_rows,) = cursor.fetchone()
-            if table_rows > 0 and chunks * chunks > 2 * SAMPLE_SIZE * table_rows:  # reltuples < 0: never analysed
-                chosen = (
-                    "SELECT id FROM kb_embedding TABLESAMPLE SYSTEM (%s) "
-                    "WHERE model_id = %s AND collection_id = ANY(%s) LIMIT %s"
-                )
-                params = [min(100.0, 100.0 * 2 * SAMPLE_SIZE / chunks), *params]
+        cursor.execute(
+            "SELECT coalesce((SELECT chunk_count FROM kb_collection_stats WHERE collection_id = %s), 0)::float8, "
+            "(SELECT reltuples FROM pg_class WHERE oid = 'kb_embedding'::regclass)::float8",
+            [collection_id],
+        )
+        chunks, table_rows = cursor.fetchone()
+        if chunks > SAMPLE_SIZE and 0 < table_rows < chunks * chunks / (2 * SAMPLE_SIZE):  # < 0: never analysed
+            # Blocks come in table order: the random order is taken among them, not their first rows.
+            chosen = (
+                "SELECT id FROM kb_embedding TABLESAMPLE SYSTEM (%s) "
+                "WHERE model_id = %s AND collection_id = %s ORDER BY random() LIMIT %s"
+            )
+            params = [min(100.0, 100.0 * 2 * SAMPLE_SIZE / chunks), *params]
         cursor.execute(f"SELECT vector_send(vector) FROM kb_embedding WHERE id IN ({chosen})", params)
-        rows = cursor.fetchall()
-    floats = np.frombuffer(b"".join(bytes(vector)[4:] for (vector,) in rows), dtype=">f4")
-    return floats.astype(np.float64).reshape(len(rows), int(model.dimensions or 0))
+        rows = [bytes(vector) for (vector,) in cursor.fetchall()]
+    rows = [row for row in rows if int.from_bytes(row[:2], "big") == dimensions]
+    floats = np.frombuffer(b"".join(row[4:] for row in rows), dtype=">f4")
+    return chunks, floats.astype(np.float64).reshape(len(rows), dimensions)
 
 
-backgrounds = Backgrounds(CACHE_SIZE)
+backgrounds = Backgrounds(CACHE_BYTES)

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from django.conf import settings
 
@@ -39,6 +39,10 @@ def fuse(
 class _OfBothHalves(ABC):
     """A value of each chunk from its cosine and its BM25 (``combine``), computed for many at once."""
 
+    # A chunk without a cosine (no vector, or not looked up yet) counts with the lowest one that
+    # matters, so that a value from the halves found so far is a lower bound (see contenders).
+    missing_cosine: ClassVar[float] = 0.0
+
     def of_each(
         self,
         chunk_ids: Iterable[int],
@@ -54,7 +58,8 @@ class _OfBothHalves(ABC):
         import numpy as np  # here, not at import: kb.search loads with every task and command
 
         chunk_ids = list(chunk_ids)
-        cosine = np.array([similarities.get(c, similarity_cap) or 0.0 for c in chunk_ids], dtype=np.float64)
+        found = (similarities.get(c, similarity_cap) for c in chunk_ids)
+        cosine = np.array([self.missing_cosine if v is None else v for v in found], dtype=np.float64)
         cosine = np.nan_to_num(cosine, nan=0.0)  # a zero vector's cosine is NaN
         keyword = np.array([bm25.get(c, bm25_cap) for c in chunk_ids], dtype=np.float64)
         return dict(zip(chunk_ids, self.combine(cosine, keyword).tolist(), strict=True))
@@ -90,6 +95,7 @@ class Evidence(_OfBothHalves):
     weight: float
     mean: float
     deviation: float
+    missing_cosine: ClassVar[float] = -1.0  # S is near 0 there; at cosine 0 it is not
 
     def combine(self, cosine: "np.ndarray", bm25: "np.ndarray") -> "np.ndarray":
         import numpy as np
@@ -99,10 +105,11 @@ class Evidence(_OfBothHalves):
 
 
 def _surprise(z: float) -> float:
-    """-log P(Z >= z) for a standard normal Z; past z 25, where erfc underflows, its asymptote."""
-    if z < 25.0:
+    """-log P(Z >= z) for a standard normal Z; from z 37 on, where erfc is about to underflow, its
+    asymptotic series (to 1e-8 there, so the value still rises with z)."""
+    if z < 37.0:
         return -math.log(0.5 * math.erfc(z / math.sqrt(2.0)))
-    return z * z / 2.0 + math.log(z * math.sqrt(2.0 * math.pi))
+    return z * z / 2.0 + math.log(z * math.sqrt(2.0 * math.pi)) - math.log1p(-1 / z**2 + 3 / z**4)
 
 
 def contenders(

@@ -274,7 +274,11 @@ def _evidence(query: str, targets: list[Collection], keyword: KeywordQuery, weig
     background = backgrounds.of(model, collection_ids, keyword.chunks)
     if background is None:
         return None
-    mean, deviation = background.spread(query_embeddings.array(model, query, collection_ids))
+    try:  # the vector the search embedded, unless the query cache is off or let it go meanwhile
+        vector = query_embeddings.array(model, query, collection_ids)
+    except EmbeddingError:
+        return None
+    mean, deviation = background.spread(vector)
     return Evidence(weight=weight, mean=mean, deviation=deviation)
 
 
