@@ -155,17 +155,20 @@ def test_the_background_of_collections_of_fewer_chunks_than_the_sample_is_exact_
         assert (mean, deviation) == (pytest.approx(cosines.mean(), abs=1e-9), pytest.approx(cosines.std(), rel=1e-4))
 
 
-def test_a_collection_that_is_a_large_part_of_the_table_is_sampled_by_blocks_in_random_order(wide, monkeypatch):
+@pytest.mark.parametrize("by_blocks", [False, True])
+def test_a_sample_is_of_whole_stored_vectors_and_the_same_in_every_process(wide, monkeypatch, by_blocks):
     monkeypatch.setattr(background, "SAMPLE_SIZE", 40)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE kb_embedding")  # reltuples known: the choice of the two reads needs it
+    if by_blocks:  # reltuples known and the collection most of the table: blocks are sampled
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE kb_embedding")
     with CaptureQueriesContext(connection) as statements:
         chunks, vectors = background.sampled_vectors(wide.embedding_model, wide.pk)
-    sampled = [statement["sql"] for statement in statements if "TABLESAMPLE SYSTEM" in statement["sql"]]
-    assert len(sampled) == 1 and "ORDER BY random() LIMIT" in sampled[0]
+    assert any("TABLESAMPLE SYSTEM" in statement["sql"] for statement in statements) == by_blocks
     stored = np.array(list(Embedding.objects.filter(collection=wide).values_list("vector", flat=True)))
     nearest = [np.abs(stored - vector).max(axis=1).min() for vector in vectors]  # each is a stored vector, whole
     assert chunks == len(stored) and 0 < len(vectors) <= 40 and max(nearest) < 1e-7
+    again = background.sampled_vectors(wide.embedding_model, wide.pk)[1]
+    assert np.array_equal(np.sort(again, axis=0), np.sort(vectors, axis=0))
 
 
 def test_evidence_takes_each_missing_half_at_its_cap():

@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # NumPy loads with the first background, not with kb.search (
     from kb.models import EmbeddingModel
 
 SAMPLE_SIZE = 2000
+# The sample's order: ids scattered by a multiplicative hash, not random(), so that every process
+# takes the same sample of the same rows and ranks a query the same way.
+SCATTERED = "((id %% 2147483648) * 2654435761) %% 2147483648"
 # Below this many chunks a sample says too little about the spread: hybrid ranks by the convex score.
 MIN_BACKGROUND_CHUNKS = 200
 # Sampled again when the collections' chunk count has moved by this share, or after this long
@@ -125,7 +128,7 @@ class Backgrounds:
 
 
 def sampled_vectors(model: "EmbeddingModel", collection_id: int) -> tuple[float, "np.ndarray"]:
-    """The collection's chunk count and up to SAMPLE_SIZE of its vectors of ``model``, at random.
+    """The collection's chunk count and up to SAMPLE_SIZE of its vectors of ``model``, scattered.
     Reading the collection's rows costs its chunk count; sampling the table's blocks about
     2 * SAMPLE_SIZE * rows / chunks (the whole table when the collection is a small part of it):
     the cheaper of the two. Vectors come in pgvector's binary form (vector_send: the dimension and
@@ -134,8 +137,8 @@ def sampled_vectors(model: "EmbeddingModel", collection_id: int) -> tuple[float,
     import numpy as np
 
     dimensions = int(model.dimensions or 0)
-    chosen = "SELECT id FROM kb_embedding WHERE model_id = %s AND collection_id = %s ORDER BY random() LIMIT %s"
-    params: list = [model.pk, collection_id, SAMPLE_SIZE]
+    where = f"model_id = %s AND collection_id = %s ORDER BY {SCATTERED} LIMIT %s"
+    chosen, params = f"SELECT id FROM kb_embedding WHERE {where}", [model.pk, collection_id, SAMPLE_SIZE]
     with read_connection().cursor() as cursor:
         cursor.execute(
             "SELECT coalesce((SELECT chunk_count FROM kb_collection_stats WHERE collection_id = %s), 0)::float8, "
@@ -144,11 +147,8 @@ def sampled_vectors(model: "EmbeddingModel", collection_id: int) -> tuple[float,
         )
         chunks, table_rows = cursor.fetchone()
         if chunks > SAMPLE_SIZE and 0 < table_rows < chunks * chunks / (2 * SAMPLE_SIZE):  # < 0: never analysed
-            # Blocks come in table order: the random order is taken among them, not their first rows.
-            chosen = (
-                "SELECT id FROM kb_embedding TABLESAMPLE SYSTEM (%s) "
-                "WHERE model_id = %s AND collection_id = %s ORDER BY random() LIMIT %s"
-            )
+            # Blocks come in table order: the order is taken among them, not their first rows.
+            chosen = f"SELECT id FROM kb_embedding TABLESAMPLE SYSTEM (%s) REPEATABLE (0) WHERE {where}"
             params = [min(100.0, 100.0 * 2 * SAMPLE_SIZE / chunks), *params]
         cursor.execute(f"SELECT vector_send(vector) FROM kb_embedding WHERE id IN ({chosen})", params)
         rows = [bytes(vector) for (vector,) in cursor.fetchall()]
