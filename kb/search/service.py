@@ -12,8 +12,8 @@ One service for every front door (admin playground, API, MCP, ``kb_search``):
 - ``hybrid`` (default): both lists, each ``candidate_depth`` deep; every chunk of either list
   gets both its cosine and its BM25 and the union is ranked by evidence in nats
   (``fusion="evidence"``, kb.search.fusion.Evidence): ``w`` times how unlikely the cosine is among
-  the chunks searched (against their background, kb.search.background) plus ``1 - w`` times BM25
-  on its log-odds scale. A weak model's or a narrow collection's high cosines are common there and
+  the chunks of the collections searched (their background, kb.search.background) plus ``1 - w``
+  times BM25 on its log-odds scale. A weak model's or a narrow collection's high cosines are common there and
   count for little, so hybrid follows the stronger half (README, Retrieval quality). Below
   MIN_BACKGROUND_CHUNKS chunks, or across collections of several models, it ranks by ``score``
   (below), a convex combination of the two normalised by their theoretical ranges
