@@ -155,6 +155,32 @@ def test_the_background_of_collections_of_fewer_chunks_than_the_sample_is_exact_
         assert (mean, deviation) == (pytest.approx(cosines.mean(), abs=1e-9), pytest.approx(cosines.std(), rel=1e-4))
 
 
+def test_a_collection_counts_in_the_background_by_its_chunks_that_have_a_vector(wide):
+    waiting = collection_create(name="waiting", chunk_max_tokens=24, chunk_min_tokens=4)
+    for name, count, embedded in (("few", 12, True), ("waiting", 300, False)):
+        paragraphs = [" ".join(random.Random(n).choices(WORDS["sport"].split(), k=12)) + "." for n in range(count)]
+        stored = document_create_from_text(
+            collection=waiting, source_uri=f"note://{name}", text="\n\n".join(paragraphs)
+        )
+        if embedded:
+            embed_now(stored.document.pk)
+    stats = {s.collection_id: s.chunk_count for s in CollectionStats.objects.filter(collection__in=[wide, waiting])}
+    assert stats[waiting.pk] > stats[wide.pk] > Embedding.objects.filter(collection=waiting).count() > 0
+    cache = background.Backgrounds(background.CACHE_BYTES)
+    together = cache.of(wide.embedding_model, [wide.pk, waiting.pk], float(sum(stats.values())))
+    query = np.random.default_rng(5).standard_normal(384)
+    cosines = unit_vectors(wide, waiting) @ (query / np.linalg.norm(query))  # every vector there is, once
+    assert together.spread(query) == (pytest.approx(cosines.mean(), abs=1e-9), pytest.approx(cosines.std(), rel=1e-4))
+
+
+def test_a_search_of_more_collections_than_the_cache_holds_ranks_by_the_convex_score(wide, corpus):  # noqa: F811
+    one_entry = 384 * 384 * 4
+    cache = background.Backgrounds(one_entry)
+    with CaptureQueriesContext(connection) as statements:
+        assert cache.of(wide.embedding_model, [wide.pk, corpus[0].pk], 1000.0) is None
+    assert len(statements) == 0 and cache.of(wide.embedding_model, [wide.pk], 240.0) is not None
+
+
 @pytest.mark.parametrize("by_blocks", [False, True])
 def test_a_sample_is_of_whole_stored_vectors_and_the_same_in_every_process(wide, monkeypatch, by_blocks):
     monkeypatch.setattr(background, "SAMPLE_SIZE", 40)

@@ -3,10 +3,10 @@
 A chunk's cosine counts as evidence by how unlikely it is among the collections' chunks: a weak
 model's, or a narrow collection's, high cosines are common there and count for little. The
 spread of every chunk's cosine to a query q follows from the first two moments of the chunks'
-unit vectors alone: mean q·m, mean square qᵀSq (S the mean of x xᵀ). They are estimated from a
+unit vectors alone: mean q·m, variance qᵀCq (C their covariance). They are estimated from a
 sample of each collection's stored vectors, kept per process for each (model, collection), and
-combined per search weighted by the collections' chunk counts, so that any set of collections is
-served by the entries of its members (README, Search). The whole collections count, whatever
+combined per search weighted by how many of each collection's chunks have a vector, so that a set
+of collections is served by the entries of its members (README, Search). The whole collections count, whatever
 filters narrow a search.
 """
 
@@ -46,13 +46,20 @@ CACHE_BYTES = 64 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Moments:
-    """Of one collection's unit vectors of one model, from a sample: their mean and mean x xᵀ."""
+    """Of one collection's unit vectors of one model, from a sample: their mean and covariance."""
 
     mean: "np.ndarray"
-    second: "np.ndarray"
+    covariance: "np.ndarray"
     vectors: int  # in the sample
-    chunks: float  # the collection's chunk count when sampled, its weight among several
+    chunks: float  # the collection's chunk count when sampled
     sampled_at: float
+
+    @property
+    def weight(self) -> float:
+        """How many of the collection's chunks have a vector: a sample short of SAMPLE_SIZE read
+        every vector of the collection (chunks not embedded yet have none and are not ranked by
+        meaning); a full one, of a collection at least that large, counts its chunks."""
+        return float(self.vectors) if self.vectors < SAMPLE_SIZE else max(self.chunks, float(self.vectors))
 
     def lifetime(self) -> float:
         return RETRY_SECONDS if self.vectors < min(SAMPLE_SIZE, self.chunks) else MAX_AGE_SECONDS
@@ -62,9 +69,12 @@ class Moments:
         import numpy as np
 
         units = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        second = (units.T @ units / max(len(units), 1)).astype(np.float32)
         mean = units.mean(axis=0) if len(units) else np.zeros(vectors.shape[1])
-        return cls(mean=mean, second=second, vectors=len(units), chunks=chunks, sampled_at=time.monotonic())
+        # Centred before it is narrowed to float32: a raw second moment minus the squared mean
+        # cancels to nothing for a tight collection.
+        centred = units - mean
+        covariance = (centred.T @ centred / max(len(units), 1)).astype(np.float32)
+        return cls(mean=mean, covariance=covariance, vectors=len(units), chunks=chunks, sampled_at=time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -72,19 +82,24 @@ class Background:
     parts: tuple[Moments, ...]
 
     def spread(self, query_vector: "np.ndarray") -> tuple[float, float]:
-        """The mean and the standard deviation of the query's cosine over the collections' chunks."""
+        """The mean and the standard deviation of the query's cosine over the collections' chunks:
+        of a mixture, each collection's variance plus how far its mean lies from the whole's."""
         import numpy as np
 
         unit = query_vector / max(float(np.linalg.norm(query_vector)), 1e-12)
-        narrow = unit.astype(np.float32)  # as the moments are kept: half the memory, no copy per query
-        total = sum(part.chunks for part in self.parts if part.vectors)
-        mean = square = 0.0
-        for part in self.parts:
-            if part.vectors:
-                weight = part.chunks / total
-                mean += weight * float(unit @ part.mean)
-                square += weight * float(narrow @ part.second @ narrow)
-        return mean, math.sqrt(max(square - mean * mean, MIN_DEVIATION**2))
+        narrow = unit.astype(np.float32)  # as the covariances are kept: half the memory, no copy per query
+        parts = [part for part in self.parts if part.vectors]
+        total = sum(part.weight for part in parts)
+        means = [float(unit @ part.mean) for part in parts]
+        mean = sum(part.weight * m for part, m in zip(parts, means, strict=True)) / total
+        variance = (
+            sum(
+                part.weight * (float(narrow @ part.covariance @ narrow) + (m - mean) ** 2)
+                for part, m in zip(parts, means, strict=True)
+            )
+            / total
+        )
+        return mean, math.sqrt(max(variance, MIN_DEVIATION**2))
 
 
 class Backgrounds:
@@ -97,13 +112,18 @@ class Backgrounds:
 
     def of(self, model: "EmbeddingModel", collection_ids: Sequence[int], chunks: float) -> Background | None:
         """The background of these collections, which hold ``chunks`` chunks (kb_collection_stats);
-        None below MIN_BACKGROUND_CHUNKS (without a statement) or while fewer of their chunks have
-        a vector."""
-        if chunks < MIN_BACKGROUND_CHUNKS or not model.dimensions:
-            return None
+        None below MIN_BACKGROUND_CHUNKS or for more collections than the cache holds (without a
+        statement), and while fewer of their chunks have a vector."""
+        dimensions = int(model.dimensions or 0)
         ids = sorted(set(collection_ids))
+        if chunks < MIN_BACKGROUND_CHUNKS or not dimensions or len(ids) * dimensions * dimensions * 4 > self.max_bytes:
+            return None
         with self._lock:
             known = [self._items.get((model.pk, collection_id)) for collection_id in ids]
+            for collection_id, part in zip(ids, known, strict=True):
+                if part is not None:
+                    self._items.move_to_end((model.pk, collection_id))
+        # The whole's count is what a search knows; when it moved by a tenth, every member is read again.
         counted = sum(part.chunks for part in known if part is not None)
         moved = abs(chunks - counted) > RESAMPLE_GROWTH * max(counted, 1.0)
         now = time.monotonic()
@@ -122,7 +142,7 @@ class Backgrounds:
         with self._lock:
             self._items[(model.pk, collection_id)] = moments
             self._items.move_to_end((model.pk, collection_id))
-            while len(self._items) > 1 and sum(item.second.nbytes for item in self._items.values()) > self.max_bytes:
+            while sum(item.covariance.nbytes for item in self._items.values()) > self.max_bytes:
                 self._items.popitem(last=False)
         return moments
 

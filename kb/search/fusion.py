@@ -60,7 +60,7 @@ class _OfBothHalves(ABC):
         chunk_ids = list(chunk_ids)
         found = (similarities.get(c, similarity_cap) for c in chunk_ids)
         cosine = np.array([self.missing_cosine if v is None else v for v in found], dtype=np.float64)
-        cosine = np.nan_to_num(cosine, nan=0.0)  # a zero vector's cosine is NaN
+        cosine = np.nan_to_num(cosine, nan=self.missing_cosine)  # a zero vector's cosine is NaN
         keyword = np.array([bm25.get(c, bm25_cap) for c in chunk_ids], dtype=np.float64)
         return dict(zip(chunk_ids, self.combine(cosine, keyword).tolist(), strict=True))
 
@@ -88,7 +88,7 @@ class Relevance(_OfBothHalves):
 class Evidence(_OfBothHalves):
     """The order of ``fusion="evidence"``, in nats: ``w * S + (1 - w) * K``. S is the semantic
     evidence, -log P(Z >= (cosine - mean) / deviation), how unlikely the cosine is among the chunks
-    searched (kb.search.background); K is BM25 on its log-odds scale, times 1 + k1, so that one
+    of the collections searched (kb.search.background); K is BM25 on its log-odds scale, times 1 + k1, so that one
     occurrence in a chunk of average length counts its idf. Neither needs normalising, and a weak
     model's high cosines, common among the chunks, count for little (README, Search)."""
 
@@ -106,10 +106,10 @@ class Evidence(_OfBothHalves):
 
 def _surprise(z: float) -> float:
     """-log P(Z >= z) for a standard normal Z; from z 37 on, where erfc is about to underflow, its
-    asymptotic series (to 1e-8 there, so the value still rises with z)."""
+    asymptotic series (to 1e-10 there, so the value still rises with z)."""
     if z < 37.0:
         return -math.log(0.5 * math.erfc(z / math.sqrt(2.0)))
-    return z * z / 2.0 + math.log(z * math.sqrt(2.0 * math.pi)) - math.log1p(-1 / z**2 + 3 / z**4)
+    return z * z / 2.0 + math.log(z * math.sqrt(2.0 * math.pi)) - math.log1p(-1 / z**2 + 3 / z**4 - 15 / z**6)
 
 
 def contenders(
