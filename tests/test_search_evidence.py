@@ -3,6 +3,9 @@ background plus BM25 on its log-odds scale, checked against a brute-force rankin
 
 import math
 import random
+import threading
+import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -11,8 +14,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from kb.embedding_providers import embed_query
-from kb.models import Collection, CollectionStats, Embedding
+from kb.models import Collection, CollectionStats, Embedding, EmbeddingModel
 from kb.search import background, fusion, search, service
+from kb.search.background import Background
 from kb.services.collections import collection_create
 from kb.services.documents import document_create_from_text
 from tests.support.worker import embed_now
@@ -131,6 +135,67 @@ def test_a_background_is_sampled_once_and_again_when_the_collection_has_grown_by
     monkeypatch.setattr(background, "MAX_AGE_SECONDS", 0.0)
     counts.append(statements_of_a_search())
     assert [count > 0 for count in counts] == [True, False, True, False, True]
+
+
+class SlowSampling:
+    """The real sampled_vectors, counted, held until ``release`` is set (each thread on a
+    connection of its own, closed after)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.started, self.release = threading.Event(), threading.Event()
+        self._real = background.sampled_vectors
+
+    def __call__(self, model: EmbeddingModel, collection_id: int) -> tuple[float, np.ndarray]:
+        self.calls += 1
+        self.started.set()
+        assert self.release.wait(30)
+        return self._real(model, collection_id)
+
+
+def in_threads(count: int, work: Callable[[], Background | None]) -> tuple[list[threading.Thread], list]:
+    results: list[Background | None] = [None] * count
+
+    def run(position: int) -> None:
+        try:
+            results[position] = work()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(position,)) for position in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads, results
+
+
+def test_searches_that_find_no_background_wait_for_one_sample_of_it(wide, transactional_db, monkeypatch):
+    sampling = SlowSampling()
+    monkeypatch.setattr(background, "sampled_vectors", sampling)
+    cache, chunks = background.Backgrounds(background.CACHE_BYTES), float(Embedding.objects.count())
+    threads, results = in_threads(6, lambda: cache.of(wide.embedding_model, [wide.pk], chunks))
+    assert sampling.started.wait(30)
+    time.sleep(0.3)  # the other five reach the cache meanwhile
+    sampling.release.set()
+    for thread in threads:
+        thread.join(30)
+    assert sampling.calls == 1 and len({id(found.parts[0]) for found in results}) == 1
+
+
+def test_a_search_ranks_by_the_aged_background_while_another_samples_it_again(wide, transactional_db, monkeypatch):
+    model, chunks = wide.embedding_model, float(Embedding.objects.count())
+    cache = background.Backgrounds(background.CACHE_BYTES)
+    aged = cache.of(model, [wide.pk], chunks).parts[0]
+    monkeypatch.setattr(background, "MAX_AGE_SECONDS", 0.0)
+    sampling = SlowSampling()
+    monkeypatch.setattr(background, "sampled_vectors", sampling)
+    threads, results = in_threads(1, lambda: cache.of(model, [wide.pk], chunks))
+    assert sampling.started.wait(30)
+    with CaptureQueriesContext(connection) as statements:
+        meanwhile = cache.of(model, [wide.pk], chunks)
+    sampling.release.set()
+    threads[0].join(30)
+    assert meanwhile.parts[0] is aged and len(statements) == 0 and sampling.calls == 1
+    assert results[0].parts[0] is not aged and cache.of(model, [wide.pk], chunks) is not None
 
 
 def unit_vectors(*collections: Collection) -> np.ndarray:
