@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
 from kb.embedding_providers import embed_query
@@ -138,11 +138,12 @@ def test_a_background_is_sampled_once_and_again_when_the_collection_has_grown_by
 
 
 class SlowSampling:
-    """The real sampled_vectors, counted, held until ``release`` is set (each thread on a
-    connection of its own, closed after)."""
+    """The real sampled_vectors, counted, held until ``release`` is set; the first call fails
+    with ``first_fails``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, first_fails: bool = False) -> None:
         self.calls = 0
+        self.first_fails = first_fails
         self.started, self.release = threading.Event(), threading.Event()
         self._real = background.sampled_vectors
 
@@ -150,52 +151,90 @@ class SlowSampling:
         self.calls += 1
         self.started.set()
         assert self.release.wait(30)
+        if self.first_fails and self.calls == 1:
+            raise OperationalError("the sample's statement failed")
         return self._real(model, collection_id)
 
 
-def in_threads(count: int, work: Callable[[], Background | None]) -> tuple[list[threading.Thread], list]:
-    results: list[Background | None] = [None] * count
+class Searches:
+    """Backgrounds looked up in threads, each on a database connection of its own (closed after)."""
 
-    def run(position: int) -> None:
+    def __init__(self, count: int, work: Callable[[], Background | None]) -> None:
+        self.results: list[Background | Exception | None] = [None] * count
+        self.threads = [threading.Thread(target=self._run, args=(work, n)) for n in range(count)]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, work: Callable[[], Background | None], position: int) -> None:
         try:
-            results[position] = work()
+            self.results[position] = work()
+        except Exception as error:  # noqa: BLE001 - kept for the test to see
+            self.results[position] = error
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=run, args=(position,)) for position in range(count)]
-    for thread in threads:
-        thread.start()
-    return threads, results
+    def finished(self) -> list[Background | Exception | None]:
+        for thread in self.threads:
+            thread.join(30)
+        assert not any(thread.is_alive() for thread in self.threads)
+        return self.results
 
 
 def test_searches_that_find_no_background_wait_for_one_sample_of_it(wide, transactional_db, monkeypatch):
     sampling = SlowSampling()
     monkeypatch.setattr(background, "sampled_vectors", sampling)
     cache, chunks = background.Backgrounds(background.CACHE_BYTES), float(Embedding.objects.count())
-    threads, results = in_threads(6, lambda: cache.of(wide.embedding_model, [wide.pk], chunks))
+    searches = Searches(6, lambda: cache.of(wide.embedding_model, [wide.pk], chunks))
     assert sampling.started.wait(30)
     time.sleep(0.3)  # the other five reach the cache meanwhile
     sampling.release.set()
-    for thread in threads:
-        thread.join(30)
-    assert sampling.calls == 1 and len({id(found.parts[0]) for found in results}) == 1
+    found = searches.finished()
+    assert sampling.calls == 1 and len({id(background.parts[0]) for background in found}) == 1
+
+
+def test_when_the_first_sample_fails_one_of_the_searches_waiting_takes_it_for_all(wide, transactional_db, monkeypatch):
+    sampling = SlowSampling(first_fails=True)
+    monkeypatch.setattr(background, "sampled_vectors", sampling)
+    cache, chunks = background.Backgrounds(background.CACHE_BYTES), float(Embedding.objects.count())
+    searches = Searches(4, lambda: cache.of(wide.embedding_model, [wide.pk], chunks))
+    assert sampling.started.wait(30)
+    time.sleep(0.3)
+    sampling.release.set()
+    found = searches.finished()
+    failed = [result for result in found if isinstance(result, OperationalError)]
+    served = {id(result.parts[0]) for result in found if isinstance(result, Background)}
+    assert sampling.calls == 2 and len(failed) == 1 and len(served) == 1
 
 
 def test_a_search_ranks_by_the_aged_background_while_another_samples_it_again(wide, transactional_db, monkeypatch):
     model, chunks = wide.embedding_model, float(Embedding.objects.count())
+    assert chunks < background.SAMPLE_SIZE  # a whole sample: aged after MAX_AGE_SECONDS, not sooner
     cache = background.Backgrounds(background.CACHE_BYTES)
     aged = cache.of(model, [wide.pk], chunks).parts[0]
     monkeypatch.setattr(background, "MAX_AGE_SECONDS", 0.0)
     sampling = SlowSampling()
     monkeypatch.setattr(background, "sampled_vectors", sampling)
-    threads, results = in_threads(1, lambda: cache.of(model, [wide.pk], chunks))
+    searches = Searches(1, lambda: cache.of(model, [wide.pk], chunks))
     assert sampling.started.wait(30)
     with CaptureQueriesContext(connection) as statements:
         meanwhile = cache.of(model, [wide.pk], chunks)
     sampling.release.set()
-    threads[0].join(30)
+    [sampled] = searches.finished()
     assert meanwhile.parts[0] is aged and len(statements) == 0 and sampling.calls == 1
-    assert results[0].parts[0] is not aged and cache.of(model, [wide.pk], chunks) is not None
+    assert sampled.parts[0] is not aged
+
+
+def test_a_search_waits_for_another_ones_first_sample_only_so_long(wide, transactional_db, monkeypatch):
+    monkeypatch.setattr(background, "SAMPLE_WAIT_SECONDS", 0.2)
+    sampling = SlowSampling()
+    monkeypatch.setattr(background, "sampled_vectors", sampling)
+    cache, chunks = background.Backgrounds(background.CACHE_BYTES), float(Embedding.objects.count())
+    searches = Searches(1, lambda: cache.of(wide.embedding_model, [wide.pk], chunks))
+    assert sampling.started.wait(30)
+    waiting = cache.of(wide.embedding_model, [wide.pk], chunks)
+    sampling.release.set()
+    [sampled] = searches.finished()
+    assert waiting is None and isinstance(sampled, Background) and sampling.calls == 1
 
 
 def unit_vectors(*collections: Collection) -> np.ndarray:

@@ -40,6 +40,8 @@ RETRY_SECONDS = 60.0
 # Cosines closer than this are not told apart: a collection of near copies would otherwise make
 # tiny differences of cosine outweigh every keyword.
 MIN_DEVIATION = 1e-3
+# How long a search waits for another one's first sample of a collection before it ranks without.
+SAMPLE_WAIT_SECONDS = 5.0
 # The cache's bound: each entry holds a d x d float32 matrix (0.6 MB at 384 dimensions, 9 MB at 1,536).
 CACHE_BYTES = 64 * 1024 * 1024
 
@@ -132,31 +134,34 @@ class Backgrounds:
         for collection_id, part in zip(ids, known, strict=True):
             if part is None or moved or now - part.sampled_at > part.lifetime():
                 part = self._sample_once(model, collection_id, part)
+                if part is None:
+                    return None
             parts.append(part)
         if sum(part.vectors for part in parts) < MIN_BACKGROUND_CHUNKS:
             return None
         return Background(tuple(parts))
 
-    def _sample_once(self, model: "EmbeddingModel", collection_id: int, stale: Moments | None) -> Moments:
+    def _sample_once(self, model: "EmbeddingModel", collection_id: int, stale: Moments | None) -> Moments | None:
         """One search samples a collection at a time (34-60 ms of a search's thread and Postgres):
-        the others rank by the sample there is while it is taken again, or wait for the first one."""
+        the others rank by the sample there is while it is taken again, or wait for the first one
+        (at most SAMPLE_WAIT_SECONDS; None then: the convex order)."""
         key = (model.pk, collection_id)
         with self._lock:
             flight = self._flights.setdefault(key, threading.Lock())
         if stale is not None and not flight.acquire(blocking=False):
             return stale
-        if stale is None:
-            flight.acquire()
-            with self._lock:
-                taken = self._items.get(key)
-            if taken is not None and time.monotonic() - taken.sampled_at <= taken.lifetime():  # while this waited
-                flight.release()
-                return taken
+        if stale is None and not flight.acquire(timeout=SAMPLE_WAIT_SECONDS):
+            return None
         try:
+            with self._lock:  # another search may have sampled it since this one looked
+                taken = self._items.get(key)
+            if taken is not None and taken is not stale and time.monotonic() - taken.sampled_at <= taken.lifetime():
+                return taken
             return self._sample(model, collection_id)
         finally:
             with self._lock:
-                self._flights.pop(key, None)
+                if self._flights.get(key) is flight:
+                    del self._flights[key]
             flight.release()
 
     def _sample(self, model: "EmbeddingModel", collection_id: int) -> Moments:

@@ -50,7 +50,9 @@ class QueryEmbeddingCache:
         """The query's vector as floats."""
         import numpy as np  # here, not at import: kb.search loads with every task and command
 
-        return np.frombuffer(self._kept(model, query, collection_ids)[1], dtype=np.float64)
+        floats = np.frombuffer(self._kept(model, query, collection_ids)[1], dtype=np.float64)
+        floats.flags.writeable = False  # the cache's own floats, shared by every search of the query
+        return floats
 
     def remember(
         self, model: EmbeddingModel, query: str, collection_ids: Sequence[int], vector: Sequence[float]
