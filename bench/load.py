@@ -514,6 +514,10 @@ def main() -> None:
         "CPU per call (ms): "
         + ", ".join(f"{name} {seconds * 1000 / max(1, len(all_calls)):.1f}" for name, seconds in cpu.items())
     )
+    # The load generator does the same work per call for every build, so its CPU per call tracks the
+    # machine's speed, which moves by a quarter between runs here (README, Many clients at once):
+    # calls/s times it compares builds with the speed taken out.
+    print(f"calls/s x the load generator's CPU per call (ms): {cpu['load generator'] * 1000 / wall:.0f}")
     print("web process (uvicorn):")
     peak = max(samples[2:-1], key=lambda sample: sample.rss)
     for sample in dict.fromkeys([samples[0], samples[1], peak, samples[-2], samples[-1]]):
